@@ -1,0 +1,250 @@
+// Package runc runs sandboxes with the runc binary: each sandbox is an OCI
+// bundle whose root is an overlayfs of the template's read-only layers under a
+// size-limited tmpfs writable layer.
+package runc
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/nookhq/nook/internal/runtime"
+)
+
+// Driver runs sandboxes through the runc binary.
+type Driver struct {
+	// Binary is the runc executable (default "runc" from PATH).
+	Binary string
+	// Root is runc's own state directory.
+	Root string
+	// BundleDir holds one directory per sandbox: the writable layer mount,
+	// the overlay root mount and config.json.
+	BundleDir string
+	// CgroupParent is the cgroup path under which sandboxes' cgroups are made.
+	CgroupParent string
+}
+
+var _ runtime.Runtime = (*Driver)(nil)
+
+// New returns a driver keeping its state under dataDir.
+func New(dataDir string) (*Driver, error) {
+	bin, err := exec.LookPath("runc")
+	if err != nil {
+		return nil, fmt.Errorf("runc not found in PATH (install the runc package): %w", err)
+	}
+	d := &Driver{
+		Binary:       bin,
+		Root:         filepath.Join(dataDir, "runc"),
+		BundleDir:    filepath.Join(dataDir, "bundles"),
+		CgroupParent: "/nook",
+	}
+	if err := os.MkdirAll(d.Root, 0o700); err != nil {
+		return nil, err
+	}
+	// The bundle dir and its parents must be traversable by the sandboxes'
+	// root (a shifted uid) so that runc can reach the root filesystem from
+	// inside the user namespace.
+	for _, dir := range []string{dataDir, d.BundleDir} {
+		if err := os.MkdirAll(dir, 0o711); err != nil {
+			return nil, err
+		}
+		if err := os.Chmod(dir, 0o711); err != nil {
+			return nil, err
+		}
+	}
+	return d, nil
+}
+
+func (d *Driver) bundle(id string) string { return filepath.Join(d.BundleDir, id) }
+
+// Start mounts the sandbox's root filesystem and starts PID 1 with runc.
+func (d *Driver) Start(ctx context.Context, s runtime.Spec) (err error) {
+	if s.ID == "" || strings.ContainsAny(s.ID, "/.") {
+		return fmt.Errorf("invalid sandbox id %q", s.ID)
+	}
+	if len(s.Layers) == 0 {
+		return errors.New("no root filesystem layers")
+	}
+	if s.Limits.WritableBytes <= 0 {
+		return errors.New("writable layer size must be positive")
+	}
+	dir := d.bundle(s.ID)
+	if err := os.Mkdir(dir, 0o711); err != nil {
+		return fmt.Errorf("bundle dir: %w", err)
+	}
+	defer func() {
+		if err != nil {
+			cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+			defer cancel()
+			_ = d.Stop(cctx, s.ID)
+		}
+	}()
+	rootfs, err := mountRoot(dir, s.Layers, s.Limits.WritableBytes)
+	if err != nil {
+		return err
+	}
+	spec, err := ociSpec(s, rootfs, filepath.Join(d.CgroupParent, s.ID))
+	if err != nil {
+		return err
+	}
+	cfg, err := json.Marshal(spec)
+	if err != nil {
+		return err
+	}
+	if err := os.WriteFile(filepath.Join(dir, "config.json"), cfg, 0o600); err != nil {
+		return err
+	}
+	logPath := s.LogPath
+	if logPath == "" {
+		logPath = os.DevNull
+	}
+	logf, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	if err != nil {
+		return err
+	}
+	defer logf.Close()
+	errLog := filepath.Join(dir, "runc.log")
+	cmd := exec.CommandContext(ctx, d.Binary, "--root", d.Root, "--log", errLog, "--log-format", "json",
+		"run", "--detach", "--bundle", dir, s.ID)
+	// PID 1 inherits these files; they must be real files, not pipes that
+	// os/exec would wait on.
+	cmd.Stdout, cmd.Stderr = logf, logf
+	if err := cmd.Run(); err != nil {
+		return fmt.Errorf("runc run: %w: %s", err, lastRuncError(errLog))
+	}
+	return nil
+}
+
+// mountRoot mounts a tmpfs writable layer of size bytes and the overlay root
+// above it inside dir, and returns the root's path.
+func mountRoot(dir string, layers []string, size int64) (string, error) {
+	layer := filepath.Join(dir, "layer")
+	rootfs := filepath.Join(dir, "rootfs")
+	for _, p := range []string{layer, rootfs} {
+		if err := os.Mkdir(p, 0o755); err != nil {
+			return "", err
+		}
+	}
+	opts := fmt.Sprintf("size=%d,mode=0755,uid=%d,gid=%d", size, runtime.HostUIDBase, runtime.HostUIDBase)
+	if err := unix.Mount("tmpfs", layer, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, opts); err != nil {
+		return "", fmt.Errorf("mount writable layer: %w", err)
+	}
+	upper, work := filepath.Join(layer, "upper"), filepath.Join(layer, "work")
+	for _, p := range []string{upper, work} {
+		if err := os.Mkdir(p, 0o755); err != nil {
+			return "", err
+		}
+		if err := os.Chown(p, runtime.HostUIDBase, runtime.HostUIDBase); err != nil {
+			return "", err
+		}
+	}
+	ovl := fmt.Sprintf("lowerdir=%s,upperdir=%s,workdir=%s", strings.Join(layers, ":"), upper, work)
+	if err := unix.Mount("overlay", rootfs, "overlay", 0, ovl); err != nil {
+		return "", fmt.Errorf("mount overlay root: %w", err)
+	}
+	return rootfs, nil
+}
+
+// lastRuncError returns the last error message runc logged.
+func lastRuncError(path string) string {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return ""
+	}
+	lines := bytes.Split(bytes.TrimSpace(data), []byte("\n"))
+	for i := len(lines) - 1; i >= 0; i-- {
+		var entry struct{ Level, Msg string }
+		if json.Unmarshal(lines[i], &entry) == nil && entry.Level == "error" {
+			return entry.Msg
+		}
+	}
+	return ""
+}
+
+// Stop kills the sandbox, deletes its container and cgroup, unmounts its root
+// and removes its bundle. It is safe on half-made or unknown sandboxes.
+func (d *Driver) Stop(ctx context.Context, id string) error {
+	if id == "" || strings.ContainsAny(id, "/.") {
+		return fmt.Errorf("invalid sandbox id %q", id)
+	}
+	// delete --force kills every process of the container and removes its
+	// cgroup; an unknown container is not an error here.
+	out, err := exec.CommandContext(ctx, d.Binary, "--root", d.Root, "delete", "--force", id).CombinedOutput()
+	if err != nil && !bytes.Contains(out, []byte("does not exist")) && !bytes.Contains(out, []byte("not found")) {
+		return fmt.Errorf("runc delete %s: %w: %s", id, err, bytes.TrimSpace(out))
+	}
+	dir := d.bundle(id)
+	for _, m := range []string{filepath.Join(dir, "rootfs"), filepath.Join(dir, "layer")} {
+		if err := unmount(m); err != nil {
+			return err
+		}
+	}
+	// Only remove the bundle once nothing is mounted in it: removing through
+	// a live overlay would reach the template's files.
+	if err := os.RemoveAll(dir); err != nil {
+		return fmt.Errorf("remove bundle: %w", err)
+	}
+	return nil
+}
+
+// unmount detaches the mount at path if there is one.
+func unmount(path string) error {
+	for i := 0; i < 10; i++ {
+		err := unix.Unmount(path, unix.MNT_DETACH)
+		if err == nil {
+			continue // there may be stacked mounts
+		}
+		if errors.Is(err, unix.EINVAL) || errors.Is(err, unix.ENOENT) {
+			return nil // not a mount point (any more)
+		}
+		return fmt.Errorf("unmount %s: %w", path, err)
+	}
+	return fmt.Errorf("unmount %s: still mounted", path)
+}
+
+// Inspect reports whether the sandbox's PID 1 is running.
+func (d *Driver) Inspect(ctx context.Context, id string) (runtime.Info, error) {
+	out, err := exec.CommandContext(ctx, d.Binary, "--root", d.Root, "state", id).Output()
+	if err != nil {
+		if _, statErr := os.Stat(d.bundle(id)); statErr == nil {
+			return runtime.Info{ID: id}, nil // resources left, not running
+		}
+		return runtime.Info{}, fmt.Errorf("%s: %w", id, runtime.ErrNotFound)
+	}
+	var st struct {
+		Status string `json:"status"`
+		Pid    int    `json:"pid"`
+	}
+	if err := json.Unmarshal(out, &st); err != nil {
+		return runtime.Info{}, fmt.Errorf("runc state %s: %w", id, err)
+	}
+	return runtime.Info{ID: id, Running: st.Status == "running", Pid: st.Pid}, nil
+}
+
+// List returns every sandbox with a bundle or a runc container.
+func (d *Driver) List(ctx context.Context) ([]string, error) {
+	seen := map[string]bool{}
+	var ids []string
+	for _, dir := range []string{d.BundleDir, d.Root} {
+		entries, err := os.ReadDir(dir)
+		if err != nil && !errors.Is(err, os.ErrNotExist) {
+			return nil, err
+		}
+		for _, e := range entries {
+			if e.IsDir() && !seen[e.Name()] {
+				seen[e.Name()] = true
+				ids = append(ids, e.Name())
+			}
+		}
+	}
+	return ids, nil
+}

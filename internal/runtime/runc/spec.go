@@ -1,0 +1,108 @@
+package runc
+
+import (
+	"fmt"
+
+	"github.com/moby/profiles/seccomp"
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+
+	"github.com/nookhq/nook/internal/runtime"
+)
+
+// defaultCaps is Docker's default capability set: the floor nook keeps.
+var defaultCaps = []string{
+	"CAP_CHOWN", "CAP_DAC_OVERRIDE", "CAP_FSETID", "CAP_FOWNER", "CAP_MKNOD",
+	"CAP_NET_RAW", "CAP_SETGID", "CAP_SETUID", "CAP_SETFCAP", "CAP_SETPCAP",
+	"CAP_NET_BIND_SERVICE", "CAP_SYS_CHROOT", "CAP_KILL", "CAP_AUDIT_WRITE",
+}
+
+var maskedPaths = []string{
+	"/proc/acpi", "/proc/asound", "/proc/kcore", "/proc/keys", "/proc/latency_stats",
+	"/proc/timer_list", "/proc/timer_stats", "/proc/sched_debug", "/proc/scsi",
+	"/sys/firmware", "/sys/devices/virtual/powercap",
+}
+
+var readonlyPaths = []string{
+	"/proc/bus", "/proc/fs", "/proc/irq", "/proc/sys", "/proc/sysrq-trigger",
+}
+
+// ociSpec builds the OCI runtime config for one sandbox whose root
+// filesystem is already mounted at rootfs.
+func ociSpec(s runtime.Spec, rootfs, cgroupsPath string) (*specs.Spec, error) {
+	caps := append([]string(nil), defaultCaps...)
+	cwd := s.Cwd
+	if cwd == "" {
+		cwd = "/"
+	}
+	spec := &specs.Spec{
+		Version:  specs.Version,
+		Hostname: s.Hostname,
+		Root:     &specs.Root{Path: rootfs},
+		Process: &specs.Process{
+			Args: s.Args,
+			Env:  s.Env,
+			Cwd:  cwd,
+			User: specs.User{UID: 0, GID: 0},
+			Capabilities: &specs.LinuxCapabilities{
+				Bounding: caps, Effective: caps, Permitted: caps,
+			},
+			NoNewPrivileges: true,
+		},
+		Mounts: []specs.Mount{
+			{Destination: "/proc", Type: "proc", Source: "proc", Options: []string{"nosuid", "noexec", "nodev"}},
+			{Destination: "/dev", Type: "tmpfs", Source: "tmpfs", Options: []string{"nosuid", "strictatime", "mode=755", "size=65536k"}},
+			{Destination: "/dev/pts", Type: "devpts", Source: "devpts", Options: []string{"nosuid", "noexec", "newinstance", "ptmxmode=0666", "mode=0620", "gid=5"}},
+			{Destination: "/dev/shm", Type: "tmpfs", Source: "shm", Options: []string{"nosuid", "noexec", "nodev", "mode=1777", "size=65536k"}},
+			{Destination: "/dev/mqueue", Type: "mqueue", Source: "mqueue", Options: []string{"nosuid", "noexec", "nodev"}},
+			{Destination: "/sys", Type: "sysfs", Source: "sysfs", Options: []string{"nosuid", "noexec", "nodev", "ro"}},
+			{Destination: "/sys/fs/cgroup", Type: "cgroup", Source: "cgroup", Options: []string{"nosuid", "noexec", "nodev", "relatime", "ro"}},
+			{Destination: "/tmp", Type: "tmpfs", Source: "tmpfs", Options: []string{"nosuid", "nodev", "mode=1777"}},
+		},
+		Linux: &specs.Linux{
+			UIDMappings: []specs.LinuxIDMapping{{ContainerID: 0, HostID: runtime.HostUIDBase, Size: runtime.IDMapSize}},
+			GIDMappings: []specs.LinuxIDMapping{{ContainerID: 0, HostID: runtime.HostUIDBase, Size: runtime.IDMapSize}},
+			CgroupsPath: cgroupsPath,
+			Namespaces: []specs.LinuxNamespace{
+				{Type: specs.PIDNamespace}, {Type: specs.IPCNamespace}, {Type: specs.UTSNamespace},
+				{Type: specs.MountNamespace}, {Type: specs.UserNamespace}, {Type: specs.CgroupNamespace},
+				{Type: specs.NetworkNamespace, Path: s.NetNSPath},
+			},
+			MaskedPaths:   maskedPaths,
+			ReadonlyPaths: readonlyPaths,
+			Resources:     resources(s.Limits),
+		},
+	}
+	for _, m := range s.Mounts {
+		opts := []string{"rbind", "nosuid", "nodev"}
+		if m.ReadOnly {
+			opts = append(opts, "ro")
+		}
+		spec.Mounts = append(spec.Mounts, specs.Mount{Destination: m.Target, Type: "bind", Source: m.Source, Options: opts})
+	}
+	sc, err := seccomp.GetDefaultProfile(spec)
+	if err != nil {
+		return nil, fmt.Errorf("seccomp profile: %w", err)
+	}
+	spec.Linux.Seccomp = sc
+	return spec, nil
+}
+
+func resources(l runtime.Limits) *specs.LinuxResources {
+	r := &specs.LinuxResources{
+		// Deny every device but the default ones runc always allows.
+		Devices: []specs.LinuxDeviceCgroup{{Allow: false, Access: "rwm"}},
+	}
+	if l.MemoryBytes > 0 {
+		mem, swap := l.MemoryBytes, l.MemoryBytes
+		r.Memory = &specs.LinuxMemory{Limit: &mem, Swap: &swap}
+	}
+	if l.CPUMillis > 0 {
+		period := uint64(100000)
+		quota := l.CPUMillis * 100
+		r.CPU = &specs.LinuxCPU{Period: &period, Quota: &quota}
+	}
+	if l.PidsMax > 0 {
+		r.Pids = &specs.LinuxPids{Limit: l.PidsMax}
+	}
+	return r
+}
