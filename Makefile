@@ -1,0 +1,32 @@
+# nook: build, run and test. Everything needs root (mounts, runc).
+GO      ?= /usr/local/go/bin/go
+BIN     := bin
+DATA    ?= /var/lib/nook
+
+.PHONY: build run deps test test-go test-e2e clean
+
+build:
+	CGO_ENABLED=0 $(GO) build -o $(BIN)/nook ./cmd/nook
+	CGO_ENABLED=0 $(GO) build -trimpath -ldflags='-s -w' -o $(BIN)/nook-agent ./cmd/nook-agent
+
+# Installs what nook needs on Debian 12 (runc, mmdebstrap, ...).
+deps:
+	bash scripts/install-deps.sh
+
+# Runs nook with its embedded defaults: API on :3000, proxy on :3002,
+# template "base" built on first start.
+run: deps build
+	$(BIN)/nook serve --data-dir $(DATA)
+
+# The whole test suite: Go tests (unit and root integration), then the
+# end-to-end tests through the published e2b SDK against a live nook serve.
+test: deps build test-go test-e2e
+
+test-go:
+	$(GO) test -count=1 ./...
+
+test-e2e:
+	cd test/e2e && npm ci --no-audit --no-fund && bash run.sh
+
+clean:
+	rm -rf $(BIN)

@@ -1,0 +1,448 @@
+// Package sandbox owns the lifecycle of sandboxes: create from a template,
+// initialise the agent, expire at the end time, kill, and re-adopt or clean
+// up after a restart of nook serve.
+package sandbox
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"regexp"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/nookhq/nook/internal/agentclient"
+	"github.com/nookhq/nook/internal/agentwire"
+	"github.com/nookhq/nook/internal/errdefs"
+	"github.com/nookhq/nook/internal/runtime"
+	"github.com/nookhq/nook/internal/store"
+	"github.com/nookhq/nook/internal/template"
+)
+
+const bucket = "sandboxes"
+
+// StateRunning is the state of a live sandbox.
+const StateRunning = "running"
+
+// Limits on what a create may ask for.
+const (
+	MaxTimeout     = 24 * time.Hour
+	DefaultTimeout = 300 * time.Second
+	readyTimeout   = 15 * time.Second
+)
+
+// Sandbox is the stored record of one sandbox.
+type Sandbox struct {
+	ID          string            `json:"id"`
+	TemplateID  string            `json:"templateID"`
+	Alias       string            `json:"alias,omitempty"`
+	Metadata    map[string]string `json:"metadata,omitempty"`
+	EnvVars     map[string]string `json:"envVars,omitempty"`
+	AccessToken string            `json:"accessToken"`
+	StartedAt   time.Time         `json:"startedAt"`
+	EndAt       time.Time         `json:"endAt"`
+	CPUMillis   int64             `json:"cpuMillis"`
+	MemoryMB    int64             `json:"memoryMB"`
+	DiskMB      int64             `json:"diskMB"`
+	State       string            `json:"state"`
+}
+
+// CreateOptions are what a caller may choose for a new sandbox.
+type CreateOptions struct {
+	Template string
+	Timeout  time.Duration
+	Metadata map[string]string
+	EnvVars  map[string]string
+}
+
+// Config wires a Manager to its parts.
+type Config struct {
+	DataDir   string
+	AgentPath string // host path of the nook-agent binary
+	Runtime   runtime.Runtime
+	Store     *store.Store
+	Templates *template.Registry
+	Log       *slog.Logger
+}
+
+// Manager creates, tracks and ends sandboxes.
+type Manager struct {
+	cfg    Config
+	runDir string
+
+	mu   sync.Mutex
+	live map[string]*live // guarded by mu
+}
+
+// live is a running sandbox's in-memory state. Its fields are guarded by
+// Manager.mu.
+type live struct {
+	rec   Sandbox
+	agent *agentclient.Client
+	timer *time.Timer
+}
+
+// NewManager returns a manager; call Recover before serving.
+func NewManager(cfg Config) (*Manager, error) {
+	if cfg.Log == nil {
+		cfg.Log = slog.Default()
+	}
+	if _, err := os.Stat(cfg.AgentPath); err != nil {
+		return nil, fmt.Errorf("agent binary: %w", err)
+	}
+	m := &Manager{cfg: cfg, runDir: filepath.Join(cfg.DataDir, "run"), live: map[string]*live{}}
+	if err := os.MkdirAll(m.runDir, 0o711); err != nil {
+		return nil, err
+	}
+	return m, nil
+}
+
+var idPattern = regexp.MustCompile(`^[a-z0-9]{1,64}$`)
+
+// ValidID reports whether s has the shape of a sandbox id.
+func ValidID(s string) bool { return idPattern.MatchString(s) }
+
+// newID returns an E2B-shaped id: "i" and 20 characters of [a-z0-9].
+func newID() string {
+	const alphabet = "abcdefghijklmnopqrstuvwxyz0123456789"
+	b := make([]byte, 20)
+	rand.Read(b)
+	for i := range b {
+		b[i] = alphabet[int(b[i])%len(alphabet)]
+	}
+	return "i" + string(b)
+}
+
+func newToken() string {
+	b := make([]byte, 24)
+	rand.Read(b)
+	return hex.EncodeToString(b)
+}
+
+// ValidateEnv checks environment variable names: non-empty, no '=' and no NUL.
+func ValidateEnv(env map[string]string) error {
+	for k, v := range env {
+		if k == "" || strings.ContainsAny(k, "=\x00") {
+			return fmt.Errorf("invalid environment variable name %q: %w", k, errdefs.ErrInvalid)
+		}
+		if strings.ContainsRune(v, 0) {
+			return fmt.Errorf("environment variable %q: value contains NUL: %w", k, errdefs.ErrInvalid)
+		}
+	}
+	return nil
+}
+
+func (m *Manager) socketPath(id string) string {
+	return filepath.Join(m.runDir, id, agentwire.SocketName)
+}
+
+// Create starts a sandbox from a template and answers once its agent is
+// initialised. On error nothing of the sandbox is left behind.
+func (m *Manager) Create(ctx context.Context, o CreateOptions) (_ Sandbox, err error) {
+	if o.Timeout == 0 {
+		o.Timeout = DefaultTimeout
+	}
+	if o.Timeout < 0 || o.Timeout > MaxTimeout {
+		return Sandbox{}, fmt.Errorf("timeout must be between 1 s and %s: %w", MaxTimeout, errdefs.ErrInvalid)
+	}
+	if err := ValidateEnv(o.EnvVars); err != nil {
+		return Sandbox{}, err
+	}
+	tpl, err := m.cfg.Templates.Get(o.Template)
+	if err != nil {
+		return Sandbox{}, err
+	}
+	if tpl.State != template.StateReady {
+		return Sandbox{}, fmt.Errorf("template %q is %s, not READY: %w", tpl.ID, tpl.State, errdefs.ErrConflict)
+	}
+	id := newID()
+	runDir := filepath.Join(m.runDir, id)
+	if err := os.Mkdir(runDir, 0o700); err != nil {
+		return Sandbox{}, err
+	}
+	defer func() {
+		if err != nil {
+			m.cleanup(ctx, id)
+		}
+	}()
+	if err := os.Chown(runDir, runtime.HostUIDBase, runtime.HostUIDBase); err != nil {
+		return Sandbox{}, err
+	}
+	args := []string{agentwire.AgentPath, "--" + agentwire.SocketFlag, agentwire.RunDir + "/" + agentwire.SocketName}
+	if tpl.WorkingDir != "" {
+		args = append(args, "--"+agentwire.StartCwdFlag, tpl.WorkingDir)
+	}
+	if tpl.User != "" {
+		args = append(args, "--"+agentwire.StartUserFlag, tpl.User)
+	}
+	if tpl.EnvdInheritImageEnv {
+		args = append(args, "--envd-inherit-image-env")
+	}
+	if len(tpl.Cmd) > 0 {
+		args = append(append(args, "--"), tpl.Cmd...)
+	}
+	spec := runtime.Spec{
+		ID: id, Hostname: id, Layers: tpl.Layers,
+		Limits: runtime.Limits{
+			CPUMillis: tpl.CPUMillis, MemoryBytes: tpl.MemoryMB << 20,
+			PidsMax: tpl.PidsMax, WritableBytes: tpl.DiskMB << 20,
+		},
+		Args: args, Env: tpl.Env,
+		Mounts: []runtime.Mount{
+			{Source: m.cfg.AgentPath, Target: agentwire.AgentPath, ReadOnly: true},
+			{Source: runDir, Target: agentwire.RunDir},
+		},
+		LogPath: filepath.Join(runDir, "console.log"),
+	}
+	if err := m.cfg.Runtime.Start(ctx, spec); err != nil {
+		return Sandbox{}, fmt.Errorf("start sandbox: %w", err)
+	}
+	agent := agentclient.New(m.socketPath(id))
+	rctx, cancel := context.WithTimeout(ctx, readyTimeout)
+	defer cancel()
+	if err := agent.WaitReady(rctx); err != nil {
+		return Sandbox{}, fmt.Errorf("sandbox %s: %w", id, err)
+	}
+	now := time.Now().UTC()
+	rec := Sandbox{
+		ID: id, TemplateID: tpl.ID, Metadata: o.Metadata, EnvVars: o.EnvVars,
+		AccessToken: newToken(), StartedAt: now, EndAt: now.Add(o.Timeout),
+		CPUMillis: tpl.CPUMillis, MemoryMB: tpl.MemoryMB, DiskMB: tpl.DiskMB, State: StateRunning,
+	}
+	if len(tpl.Aliases) > 0 {
+		rec.Alias = tpl.Aliases[0]
+	}
+	if err := agent.Init(rctx, agentclient.InitRequest{EnvVars: o.EnvVars, AccessToken: rec.AccessToken}); err != nil {
+		return Sandbox{}, err
+	}
+	if err := m.cfg.Store.Put(bucket, id, rec); err != nil {
+		return Sandbox{}, err
+	}
+	m.mu.Lock()
+	l := &live{rec: rec, agent: agent}
+	m.live[id] = l
+	m.armLocked(l)
+	m.mu.Unlock()
+	m.cfg.Log.Info("sandbox created", "id", id, "template", tpl.ID)
+	return rec, nil
+}
+
+// armLocked (re)starts the expiry timer of l. Preconditions: m.mu held.
+func (m *Manager) armLocked(l *live) {
+	if l.timer != nil {
+		l.timer.Stop()
+	}
+	id, endAt := l.rec.ID, l.rec.EndAt
+	l.timer = time.AfterFunc(time.Until(endAt), func() { m.expire(id, endAt) })
+}
+
+// expire kills id if its end time is still endAt (a moved end time re-arms
+// the timer, so a stale timer must not kill).
+func (m *Manager) expire(id string, endAt time.Time) {
+	m.mu.Lock()
+	l, ok := m.live[id]
+	stale := !ok || !l.rec.EndAt.Equal(endAt)
+	m.mu.Unlock()
+	if stale {
+		return
+	}
+	m.cfg.Log.Info("sandbox reached its end time", "id", id)
+	if err := m.Kill(context.Background(), id); err != nil && !errors.Is(err, errdefs.ErrNotFound) {
+		m.cfg.Log.Error("kill expired sandbox", "id", id, "err", err)
+	}
+}
+
+func (m *Manager) lookup(id string) (*live, error) {
+	if !ValidID(id) {
+		return nil, fmt.Errorf("sandbox id %q: %w", id, errdefs.ErrInvalid)
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	l, ok := m.live[id]
+	if !ok {
+		return nil, fmt.Errorf("sandbox %q: %w", id, errdefs.ErrNotFound)
+	}
+	return l, nil
+}
+
+// Get returns a sandbox's record.
+func (m *Manager) Get(id string) (Sandbox, error) {
+	l, err := m.lookup(id)
+	if err != nil {
+		return Sandbox{}, err
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return l.rec, nil
+}
+
+// Agent returns the client of a sandbox's agent and its record.
+func (m *Manager) Agent(id string) (*agentclient.Client, Sandbox, error) {
+	l, err := m.lookup(id)
+	if err != nil {
+		return nil, Sandbox{}, err
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return l.agent, l.rec, nil
+}
+
+// List returns every sandbox, newest first.
+func (m *Manager) List() []Sandbox {
+	m.mu.Lock()
+	out := make([]Sandbox, 0, len(m.live))
+	for _, l := range m.live {
+		out = append(out, l.rec)
+	}
+	m.mu.Unlock()
+	sort.Slice(out, func(i, j int) bool {
+		if !out[i].StartedAt.Equal(out[j].StartedAt) {
+			return out[i].StartedAt.After(out[j].StartedAt)
+		}
+		return out[i].ID < out[j].ID
+	})
+	return out
+}
+
+// SetTimeout moves a sandbox's end time to now + d.
+func (m *Manager) SetTimeout(id string, d time.Duration) (Sandbox, error) {
+	if d <= 0 || d > MaxTimeout {
+		return Sandbox{}, fmt.Errorf("timeout must be between 1 s and %s: %w", MaxTimeout, errdefs.ErrInvalid)
+	}
+	return m.update(id, func(r *Sandbox) { r.EndAt = time.Now().UTC().Add(d) })
+}
+
+// Extend moves a sandbox's end time to now + d unless it is already later.
+func (m *Manager) Extend(id string, d time.Duration) (Sandbox, error) {
+	if d < 0 || d > MaxTimeout {
+		return Sandbox{}, fmt.Errorf("timeout must be between 0 s and %s: %w", MaxTimeout, errdefs.ErrInvalid)
+	}
+	return m.update(id, func(r *Sandbox) {
+		if end := time.Now().UTC().Add(d); end.After(r.EndAt) {
+			r.EndAt = end
+		}
+	})
+}
+
+func (m *Manager) update(id string, fn func(*Sandbox)) (Sandbox, error) {
+	l, err := m.lookup(id)
+	if err != nil {
+		return Sandbox{}, err
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	rec := l.rec
+	fn(&rec)
+	if err := m.cfg.Store.Put(bucket, id, rec); err != nil {
+		return Sandbox{}, err
+	}
+	l.rec = rec
+	m.armLocked(l)
+	return rec, nil
+}
+
+// Kill ends a sandbox and removes everything it had.
+func (m *Manager) Kill(ctx context.Context, id string) error {
+	l, err := m.lookup(id)
+	if err != nil {
+		return err
+	}
+	m.mu.Lock()
+	if m.live[id] != l {
+		m.mu.Unlock()
+		return fmt.Errorf("sandbox %q: %w", id, errdefs.ErrNotFound)
+	}
+	delete(m.live, id)
+	l.timer.Stop()
+	m.mu.Unlock()
+	l.agent.HTTP.CloseIdleConnections()
+	if err := m.cleanup(ctx, id); err != nil {
+		return err
+	}
+	m.cfg.Log.Info("sandbox killed", "id", id)
+	return nil
+}
+
+// cleanup removes every resource of id: container, mounts, run dir, record.
+func (m *Manager) cleanup(ctx context.Context, id string) error {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+	defer cancel()
+	if err := m.cfg.Runtime.Stop(ctx, id); err != nil {
+		return fmt.Errorf("stop sandbox %s: %w", id, err)
+	}
+	if err := os.RemoveAll(filepath.Join(m.runDir, id)); err != nil {
+		return err
+	}
+	return m.cfg.Store.Delete(bucket, id)
+}
+
+// Recover re-adopts the sandboxes a previous nook serve left running and
+// cleans up everything else it left: records whose sandbox is gone, runtime
+// resources without a record, run dirs without either.
+func (m *Manager) Recover(ctx context.Context) error {
+	recs, err := store.All[Sandbox](m.cfg.Store, bucket)
+	if err != nil {
+		return err
+	}
+	known := map[string]bool{}
+	for _, rec := range recs {
+		known[rec.ID] = true
+		if m.adopt(ctx, rec) {
+			continue
+		}
+		m.cfg.Log.Warn("sandbox from an earlier run is gone; cleaning up", "id", rec.ID)
+		if err := m.cleanup(ctx, rec.ID); err != nil {
+			m.cfg.Log.Error("cleanup", "id", rec.ID, "err", err)
+		}
+	}
+	ids, err := m.cfg.Runtime.List(ctx)
+	if err != nil {
+		return err
+	}
+	entries, _ := os.ReadDir(m.runDir)
+	for _, e := range entries {
+		ids = append(ids, e.Name())
+	}
+	for _, id := range ids {
+		if known[id] {
+			continue
+		}
+		known[id] = true
+		m.cfg.Log.Warn("removing leftovers of an unknown sandbox", "id", id)
+		if err := m.cleanup(ctx, id); err != nil {
+			m.cfg.Log.Error("cleanup", "id", id, "err", err)
+		}
+	}
+	return nil
+}
+
+// adopt takes over a running sandbox whose agent still answers.
+func (m *Manager) adopt(ctx context.Context, rec Sandbox) bool {
+	if !rec.EndAt.After(time.Now()) {
+		return false
+	}
+	info, err := m.cfg.Runtime.Inspect(ctx, rec.ID)
+	if err != nil || !info.Running {
+		return false
+	}
+	agent := agentclient.New(m.socketPath(rec.ID))
+	rctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+	defer cancel()
+	if err := agent.WaitReady(rctx); err != nil {
+		return false
+	}
+	m.mu.Lock()
+	l := &live{rec: rec, agent: agent}
+	m.live[rec.ID] = l
+	m.armLocked(l)
+	m.mu.Unlock()
+	m.cfg.Log.Info("re-adopted sandbox", "id", rec.ID)
+	return true
+}

@@ -1,0 +1,154 @@
+// Package template keeps the templates sandboxes start from: their root
+// filesystem layers, image configuration and resource defaults.
+package template
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"regexp"
+	"time"
+
+	"github.com/nookhq/nook/internal/errdefs"
+	"github.com/nookhq/nook/internal/rootfs"
+	"github.com/nookhq/nook/internal/runtime"
+	"github.com/nookhq/nook/internal/store"
+)
+
+const bucket = "templates"
+
+// Build states.
+const (
+	StatePulling  = "PULLING"
+	StateBuilding = "BUILDING"
+	StateReady    = "READY"
+	StateFailed   = "FAILED"
+)
+
+// BaseID is the default template that stands alone: Debian bookworm.
+const BaseID = "base"
+
+// Template is one template record.
+type Template struct {
+	ID      string   `json:"id"`
+	Aliases []string `json:"aliases,omitempty"`
+	State   string   `json:"state"`
+	Reason  string   `json:"reason,omitempty"`
+	// Layers are read-only root filesystem dirs, topmost first.
+	Layers []string `json:"layers"`
+	// Env is the image environment (OCI Env plus template --env).
+	Env        []string `json:"env"`
+	Cmd        []string `json:"cmd,omitempty"`
+	WorkingDir string   `json:"workingDir,omitempty"`
+	User       string   `json:"user,omitempty"`
+	CPUMillis  int64    `json:"cpuMillis"`
+	MemoryMB   int64    `json:"memoryMB"`
+	DiskMB     int64    `json:"diskMB"`
+	PidsMax    int64    `json:"pidsMax"`
+	// EnvdInheritImageEnv lets envd commands see the image env (off by
+	// default, as the CubeSandbox table says).
+	EnvdInheritImageEnv bool      `json:"envdInheritImageEnv,omitempty"`
+	CreatedAt           time.Time `json:"createdAt"`
+}
+
+// Resource defaults, as CubeSandbox's: 2000 millicores, 2000 MB.
+const (
+	DefaultCPUMillis = 2000
+	DefaultMemoryMB  = 2000
+	DefaultDiskMB    = 1024
+	DefaultPidsMax   = 1024
+)
+
+// DefaultPath is the PATH of templates whose image sets none.
+const DefaultPath = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+var idPattern = regexp.MustCompile(`^[a-z0-9][a-z0-9_-]{0,62}$`)
+
+// ValidID reports whether s may name a template: lowercase letters, digits,
+// '-' and '_', so that no id can reach outside the data dir.
+func ValidID(s string) bool { return idPattern.MatchString(s) }
+
+// Registry stores templates and their root filesystems under dataDir.
+type Registry struct {
+	st  *store.Store
+	dir string
+}
+
+// NewRegistry returns a registry keeping root filesystems in dataDir/templates.
+func NewRegistry(st *store.Store, dataDir string) (*Registry, error) {
+	dir := filepath.Join(dataDir, "templates")
+	if err := os.MkdirAll(dir, 0o711); err != nil {
+		return nil, err
+	}
+	return &Registry{st: st, dir: dir}, nil
+}
+
+// Get resolves a template by id or alias.
+func (r *Registry) Get(idOrAlias string) (Template, error) {
+	if !ValidID(idOrAlias) {
+		return Template{}, fmt.Errorf("template %q: %w", idOrAlias, errdefs.ErrInvalid)
+	}
+	var t Template
+	err := r.st.Get(bucket, idOrAlias, &t)
+	if errors.Is(err, store.ErrNotFound) {
+		all, lerr := r.List()
+		if lerr != nil {
+			return Template{}, lerr
+		}
+		for _, c := range all {
+			for _, a := range c.Aliases {
+				if a == idOrAlias {
+					return c, nil
+				}
+			}
+		}
+		return Template{}, fmt.Errorf("template %q: %w", idOrAlias, errdefs.ErrNotFound)
+	}
+	return t, err
+}
+
+// List returns every template.
+func (r *Registry) List() ([]Template, error) { return store.All[Template](r.st, bucket) }
+
+// Put stores a template record.
+func (r *Registry) Put(t Template) error { return r.st.Put(bucket, t.ID, t) }
+
+// EnsureBase builds the `base` template (Debian bookworm via mmdebstrap) if
+// it is not ready yet, writing progress to progress.
+func (r *Registry) EnsureBase(ctx context.Context, mirror string, progress io.Writer) error {
+	if t, err := r.Get(BaseID); err == nil && t.State == StateReady {
+		return nil
+	}
+	root := filepath.Join(r.dir, BaseID, "rootfs")
+	if _, err := os.Stat(root); err != nil {
+		tmp := filepath.Join(r.dir, ".build-"+BaseID)
+		os.RemoveAll(tmp) // a half-made build of an earlier run
+		if err := os.MkdirAll(filepath.Dir(root), 0o711); err != nil {
+			return err
+		}
+		fmt.Fprintf(progress, "building template %q (Debian bookworm with %v); this runs once\n", BaseID, rootfs.BasePackages)
+		start := time.Now()
+		opts := rootfs.DebianOptions{Suite: "bookworm", Mirror: mirror, Packages: rootfs.BasePackages, User: "user"}
+		if err := rootfs.BuildDebian(ctx, tmp, opts, progress); err != nil {
+			return fmt.Errorf("build template %q: %w", BaseID, err)
+		}
+		if err := rootfs.Shift(tmp, runtime.HostUIDBase); err != nil {
+			return fmt.Errorf("shift ownership of template %q: %w", BaseID, err)
+		}
+		if err := os.Chmod(tmp, 0o755); err != nil {
+			return err
+		}
+		if err := os.Rename(tmp, root); err != nil {
+			return err
+		}
+		fmt.Fprintf(progress, "template %q ready in %s\n", BaseID, time.Since(start).Round(time.Second))
+	}
+	return r.Put(Template{
+		ID: BaseID, State: StateReady, Layers: []string{root},
+		Env: []string{DefaultPath}, CPUMillis: DefaultCPUMillis, MemoryMB: DefaultMemoryMB,
+		DiskMB: DefaultDiskMB, PidsMax: DefaultPidsMax, CreatedAt: time.Now().UTC(),
+	})
+}

@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# Installs the Debian packages nook and its tests need. Idempotent.
+set -euo pipefail
+need=()
+for pkg in runc mmdebstrap iproute2 uidmap curl ca-certificates; do
+  dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || need+=("$pkg")
+done
+# gVisor's runsc (pause with memory) comes from bookworm-backports.
+if [ ! -e /etc/apt/sources.list.d/bookworm-backports.list ]; then
+  echo "deb http://deb.debian.org/debian bookworm-backports main" > /etc/apt/sources.list.d/bookworm-backports.list
+fi
+if [ ${#need[@]} -gt 0 ]; then
+  echo "installing: ${need[*]}"
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" >/dev/null
+fi
