@@ -20,11 +20,11 @@ func main() {
 	}
 	root.AddCommand(serveCmd(), sandboxCmd())
 	if err := root.Execute(); err != nil {
-		fmt.Fprintln(os.Stderr, "nook:", err)
 		var exit exitCode
 		if asExit(err, &exit) {
 			os.Exit(int(exit))
 		}
+		fmt.Fprintln(os.Stderr, "nook:", err)
 		os.Exit(1)
 	}
 }
