@@ -60,10 +60,28 @@ type CreateOptions struct {
 	Timeout  time.Duration
 	Metadata map[string]string
 	EnvVars  map[string]string
+	Network  NetworkConfig
+}
+
+// Network gives sandboxes their network namespaces. Without one (nil),
+// each sandbox gets a new loopback-only namespace from the runtime.
+type Network interface {
+	// Setup makes the network of sandbox id and returns the path of its
+	// network namespace. On error nothing of it is left.
+	Setup(ctx context.Context, id string, cfg NetworkConfig) (netnsPath string, err error)
+	// Teardown removes everything Setup made for id; unknown ids are fine.
+	Teardown(ctx context.Context, id string) error
+}
+
+// NetworkConfig is a sandbox's network settings as the create asked.
+type NetworkConfig struct {
+	// AllowInternet is E2B's allow_internet_access (nil: the default, true).
+	AllowInternet *bool `json:"allowInternet,omitempty"`
 }
 
 // Config wires a Manager to its parts.
 type Config struct {
+	Network   Network // optional
 	DataDir   string
 	AgentPath string // host path of the nook-agent binary
 	Runtime   runtime.Runtime
@@ -201,6 +219,11 @@ func (m *Manager) Create(ctx context.Context, o CreateOptions) (_ Sandbox, err e
 		},
 		LogPath: filepath.Join(runDir, "console.log"),
 	}
+	if m.cfg.Network != nil {
+		if spec.NetNSPath, err = m.cfg.Network.Setup(ctx, id, o.Network); err != nil {
+			return Sandbox{}, fmt.Errorf("sandbox network: %w", err)
+		}
+	}
 	if err := m.cfg.Runtime.Start(ctx, spec); err != nil {
 		return Sandbox{}, fmt.Errorf("start sandbox: %w", err)
 	}
@@ -209,6 +232,11 @@ func (m *Manager) Create(ctx context.Context, o CreateOptions) (_ Sandbox, err e
 	defer cancel()
 	if err := agent.WaitReady(rctx); err != nil {
 		return Sandbox{}, fmt.Errorf("sandbox %s: %w", id, err)
+	}
+	if tpl.ProbePort > 0 {
+		if err := Probe(ctx, agent, tpl.ProbePort, tpl.ProbePath, tpl.ProbeTimeout); err != nil {
+			return Sandbox{}, fmt.Errorf("sandbox %s: %v: %w", id, err, errdefs.ErrUnavailable)
+		}
 	}
 	now := time.Now().UTC()
 	rec := Sandbox{
@@ -376,6 +404,11 @@ func (m *Manager) cleanup(ctx context.Context, id string) error {
 	defer cancel()
 	if err := m.cfg.Runtime.Stop(ctx, id); err != nil {
 		return fmt.Errorf("stop sandbox %s: %w", id, err)
+	}
+	if m.cfg.Network != nil {
+		if err := m.cfg.Network.Teardown(ctx, id); err != nil {
+			return fmt.Errorf("sandbox %s network: %w", id, err)
+		}
 	}
 	if err := os.RemoveAll(filepath.Join(m.runDir, id)); err != nil {
 		return err

@@ -50,7 +50,15 @@ type Template struct {
 	PidsMax    int64    `json:"pidsMax"`
 	// EnvdInheritImageEnv lets envd commands see the image env (off by
 	// default, as the CubeSandbox table says).
-	EnvdInheritImageEnv bool      `json:"envdInheritImageEnv,omitempty"`
+	EnvdInheritImageEnv bool `json:"envdInheritImageEnv,omitempty"`
+	// ProbePort, when set, is a sandbox port that must answer an HTTP GET
+	// of ProbePath with a 2xx before the template is READY and before any
+	// sandbox create from it answers.
+	ProbePort    int           `json:"probePort,omitempty"`
+	ProbePath    string        `json:"probePath,omitempty"`
+	ProbeTimeout time.Duration `json:"probeTimeout,omitempty"`
+	// ExposedPorts are the ports the image declares (informational).
+	ExposedPorts []int     `json:"exposedPorts,omitempty"`
 	CreatedAt           time.Time `json:"createdAt"`
 }
 
