@@ -29,7 +29,7 @@ import (
 
 type serveOptions struct {
 	dataDir, listen, proxyListen, domain, logLevel, agentPath, mirror string
-	apiKeys                                                          []string
+	apiKeys                                                           []string
 }
 
 func serveCmd() *cobra.Command {

@@ -125,4 +125,3 @@ func decode(w http.ResponseWriter, r *http.Request, v any) error {
 		return fmt.Errorf("malformed JSON body: %v: %w", err, errdefs.ErrInvalid)
 	}
 }
-

@@ -59,7 +59,7 @@ type Template struct {
 	ProbeTimeout time.Duration `json:"probeTimeout,omitempty"`
 	// ExposedPorts are the ports the image declares (informational).
 	ExposedPorts []int     `json:"exposedPorts,omitempty"`
-	CreatedAt           time.Time `json:"createdAt"`
+	CreatedAt    time.Time `json:"createdAt"`
 }
 
 // Resource defaults, as CubeSandbox's: 2000 millicores, 2000 MB.
