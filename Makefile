@@ -3,6 +3,10 @@ GO      ?= /usr/local/go/bin/go
 BIN     := bin
 DATA    ?= /var/lib/nook
 
+# Every nook serve the tests start shares one cache of built-in template
+# root filesystems, so each is built once per machine.
+export NOOK_ROOTFS_CACHE ?= /var/lib/nook-rootfs-cache
+
 .PHONY: build run deps test test-go test-e2e clean
 
 build:

@@ -18,7 +18,7 @@ func main() {
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
-	root.AddCommand(serveCmd(), sandboxCmd())
+	root.AddCommand(serveCmd(), sandboxCmd(), benchCmd())
 	if err := root.Execute(); err != nil {
 		var exit exitCode
 		if asExit(err, &exit) {

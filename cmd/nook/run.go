@@ -2,33 +2,17 @@ package main
 
 import (
 	"context"
-	"encoding/base64"
 	"fmt"
-	"net/http"
 	"os"
 	"strings"
 
 	"connectrpc.com/connect"
 	"github.com/spf13/cobra"
 
-	"github.com/nookhq/nook/internal/agentwire"
+	"github.com/nookhq/nook/internal/client"
 	"github.com/nookhq/nook/internal/envdpb/process"
 	"github.com/nookhq/nook/internal/envdpb/process/processconnect"
 )
-
-// headerTransport adds fixed headers to every request.
-type headerTransport struct {
-	base    http.RoundTripper
-	headers http.Header
-}
-
-func (t headerTransport) RoundTrip(r *http.Request) (*http.Response, error) {
-	r = r.Clone(r.Context())
-	for k, v := range t.headers {
-		r.Header[k] = v
-	}
-	return t.base.RoundTrip(r)
-}
 
 func runCmd(cf *clientFlags) *cobra.Command {
 	var (
@@ -56,15 +40,7 @@ exit code.`,
 			if err != nil {
 				return err
 			}
-			h := http.Header{}
-			h.Set("E2b-Sandbox-Id", sb.SandboxID)
-			h.Set("E2b-Sandbox-Port", fmt.Sprint(agentwire.EnvdPort))
-			h.Set("X-Access-Token", sb.EnvdAccessToken)
-			if user != "" {
-				h.Set("Authorization", "Basic "+base64.StdEncoding.EncodeToString([]byte(user+":")))
-			}
-			hc := &http.Client{Transport: headerTransport{base: http.DefaultTransport, headers: h}}
-			pc := processconnect.NewProcessClient(hc, strings.TrimRight(cf.sandboxURL, "/"))
+			pc := (&client.Sandboxes{ProxyURL: cf.sandboxURL}).Process(sb, user)
 			cfg := &process.ProcessConfig{Cmd: "/bin/bash", Args: []string{"-l", "-c", strings.Join(args[1:], " ")}, Envs: env}
 			if cwd != "" {
 				cfg.Cwd = &cwd

@@ -30,6 +30,10 @@ func (e *Error) Error() string { return fmt.Sprintf("%s (HTTP %d)", e.Message, e
 
 // Do sends a JSON request and decodes a JSON answer into out (if non-nil).
 func (c *Client) Do(ctx context.Context, method, path string, in, out any) (http.Header, error) {
+	return c.do(ctx, method, path, in, out, nil)
+}
+
+func (c *Client) do(ctx context.Context, method, path string, in, out any, hdr http.Header) (http.Header, error) {
 	var body io.Reader
 	if in != nil {
 		data, err := json.Marshal(in)
@@ -41,6 +45,9 @@ func (c *Client) Do(ctx context.Context, method, path string, in, out any) (http
 	req, err := http.NewRequestWithContext(ctx, method, strings.TrimRight(c.APIURL, "/")+path, body)
 	if err != nil {
 		return nil, err
+	}
+	for k, v := range hdr {
+		req.Header[k] = v
 	}
 	req.Header.Set("X-API-Key", c.APIKey)
 	if in != nil {
@@ -95,13 +102,26 @@ type CreateRequest struct {
 	Timeout    int64             `json:"timeout,omitempty"`
 	Metadata   map[string]string `json:"metadata,omitempty"`
 	EnvVars    map[string]string `json:"envVars,omitempty"`
+	// NoPool asks for a newly booted sandbox even when a warm one waits.
+	NoPool bool `json:"-"`
 }
 
 // Create starts a sandbox.
 func (c *Client) Create(ctx context.Context, r CreateRequest) (Sandbox, error) {
 	var sb Sandbox
-	_, err := c.Do(ctx, http.MethodPost, "/sandboxes", r, &sb)
+	var hdr http.Header
+	if r.NoPool {
+		hdr = http.Header{"Nook-Pool": {"off"}}
+	}
+	_, err := c.do(ctx, http.MethodPost, "/sandboxes", r, &sb, hdr)
 	return sb, err
+}
+
+// PoolSizes returns how many warm sandboxes each template has.
+func (c *Client) PoolSizes(ctx context.Context) (map[string]int, error) {
+	var out map[string]int
+	_, err := c.Do(ctx, http.MethodGet, "/v1/pool", nil, &out)
+	return out, err
 }
 
 // Get returns a sandbox's details.

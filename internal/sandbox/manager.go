@@ -61,6 +61,9 @@ type CreateOptions struct {
 	Metadata map[string]string
 	EnvVars  map[string]string
 	Network  NetworkConfig
+	// NoPool makes this create boot a new sandbox even when a warm one is
+	// waiting (for measuring cold creates).
+	NoPool bool
 }
 
 // Network gives sandboxes their network namespaces. Without one (nil),
@@ -84,16 +87,23 @@ type Config struct {
 	Network   Network // optional
 	DataDir   string
 	AgentPath string // host path of the nook-agent binary
+	// InterpPath is the host path of nook-interp, mounted beside the agent
+	// in sandboxes whose template has a code interpreter.
+	InterpPath string
 	Runtime   runtime.Runtime
 	Store     *store.Store
 	Templates *template.Registry
 	Log       *slog.Logger
+	// PoolSize is how many warm sandboxes to keep per template whose own
+	// pool size is unset (negative); 0 disables pooling.
+	PoolSize int
 }
 
 // Manager creates, tracks and ends sandboxes.
 type Manager struct {
 	cfg    Config
 	runDir string
+	pool   *pool
 
 	mu   sync.Mutex
 	live map[string]*live // guarded by mu
@@ -116,6 +126,7 @@ func NewManager(cfg Config) (*Manager, error) {
 		return nil, fmt.Errorf("agent binary: %w", err)
 	}
 	m := &Manager{cfg: cfg, runDir: filepath.Join(cfg.DataDir, "run"), live: map[string]*live{}}
+	m.pool = newPool(m, cfg.PoolSize)
 	if err := os.MkdirAll(m.runDir, 0o711); err != nil {
 		return nil, err
 	}
@@ -161,8 +172,9 @@ func (m *Manager) socketPath(id string) string {
 	return filepath.Join(m.runDir, id, agentwire.SocketName)
 }
 
-// Create starts a sandbox from a template and answers once its agent is
-// initialised. On error nothing of the sandbox is left behind.
+// Create starts a sandbox from a template (or claims a warm one from the
+// template's pool) and answers once its agent is initialised. On error
+// nothing of the sandbox is left behind.
 func (m *Manager) Create(ctx context.Context, o CreateOptions) (_ Sandbox, err error) {
 	if o.Timeout == 0 {
 		o.Timeout = DefaultTimeout
@@ -180,10 +192,58 @@ func (m *Manager) Create(ctx context.Context, o CreateOptions) (_ Sandbox, err e
 	if tpl.State != template.StateReady {
 		return Sandbox{}, fmt.Errorf("template %q is %s, not READY: %w", tpl.ID, tpl.State, errdefs.ErrConflict)
 	}
+	b, pooled := m.pool.claim(tpl, o)
+	if !pooled {
+		if b, err = m.boot(ctx, tpl, o.Network); err != nil {
+			return Sandbox{}, err
+		}
+	}
+	defer func() {
+		if err != nil {
+			m.cleanup(ctx, b.id)
+		}
+	}()
+	m.pool.refill(tpl.ID)
+	now := time.Now().UTC()
+	rec := Sandbox{
+		ID: b.id, TemplateID: tpl.ID, Metadata: o.Metadata, EnvVars: o.EnvVars,
+		AccessToken: newToken(), StartedAt: now, EndAt: now.Add(o.Timeout),
+		CPUMillis: tpl.CPUMillis, MemoryMB: tpl.MemoryMB, DiskMB: tpl.DiskMB, State: StateRunning,
+	}
+	if len(tpl.Aliases) > 0 {
+		rec.Alias = tpl.Aliases[0]
+	}
+	ictx, cancel := context.WithTimeout(ctx, readyTimeout)
+	defer cancel()
+	if err := b.agent.Init(ictx, agentclient.InitRequest{EnvVars: o.EnvVars, AccessToken: rec.AccessToken}); err != nil {
+		return Sandbox{}, err
+	}
+	if err := m.cfg.Store.Put(bucket, b.id, rec); err != nil {
+		return Sandbox{}, err
+	}
+	m.mu.Lock()
+	l := &live{rec: rec, agent: b.agent}
+	m.live[b.id] = l
+	m.armLocked(l)
+	m.mu.Unlock()
+	m.cfg.Log.Info("sandbox created", "id", b.id, "template", tpl.ID, "pooled", pooled)
+	return rec, nil
+}
+
+// booted is a started sandbox whose agent answers but has not been
+// initialised: no access token, no sandbox env, no record yet.
+type booted struct {
+	id    string
+	agent *agentclient.Client
+}
+
+// boot starts a sandbox of tpl and waits for its agent and the template's
+// probe. On error nothing of it is left.
+func (m *Manager) boot(ctx context.Context, tpl template.Template, netCfg NetworkConfig) (_ booted, err error) {
 	id := newID()
 	runDir := filepath.Join(m.runDir, id)
 	if err := os.Mkdir(runDir, 0o700); err != nil {
-		return Sandbox{}, err
+		return booted{}, err
 	}
 	defer func() {
 		if err != nil {
@@ -191,7 +251,7 @@ func (m *Manager) Create(ctx context.Context, o CreateOptions) (_ Sandbox, err e
 		}
 	}()
 	if err := os.Chown(runDir, runtime.HostUIDBase, runtime.HostUIDBase); err != nil {
-		return Sandbox{}, err
+		return booted{}, err
 	}
 	args := []string{agentwire.AgentPath, "--" + agentwire.SocketFlag, agentwire.RunDir + "/" + agentwire.SocketName}
 	if tpl.WorkingDir != "" {
@@ -202,6 +262,12 @@ func (m *Manager) Create(ctx context.Context, o CreateOptions) (_ Sandbox, err e
 	}
 	if tpl.EnvdInheritImageEnv {
 		args = append(args, "--envd-inherit-image-env")
+	}
+	if tpl.CodeInterpreter && m.cfg.InterpPath != "" {
+		args = append(args, "--"+agentwire.CodeInterpreterFlag)
+		if tpl.RunCodeInheritSandboxEnv {
+			args = append(args, "--"+agentwire.RunCodeInheritEnvFlag)
+		}
 	}
 	if len(tpl.Cmd) > 0 {
 		args = append(append(args, "--"), tpl.Cmd...)
@@ -219,47 +285,29 @@ func (m *Manager) Create(ctx context.Context, o CreateOptions) (_ Sandbox, err e
 		},
 		LogPath: filepath.Join(runDir, "console.log"),
 	}
+	if tpl.CodeInterpreter && m.cfg.InterpPath != "" {
+		spec.Mounts = append(spec.Mounts, runtime.Mount{Source: m.cfg.InterpPath, Target: agentwire.InterpPath, ReadOnly: true})
+	}
 	if m.cfg.Network != nil {
-		if spec.NetNSPath, err = m.cfg.Network.Setup(ctx, id, o.Network); err != nil {
-			return Sandbox{}, fmt.Errorf("sandbox network: %w", err)
+		if spec.NetNSPath, err = m.cfg.Network.Setup(ctx, id, netCfg); err != nil {
+			return booted{}, fmt.Errorf("sandbox network: %w", err)
 		}
 	}
 	if err := m.cfg.Runtime.Start(ctx, spec); err != nil {
-		return Sandbox{}, fmt.Errorf("start sandbox: %w", err)
+		return booted{}, fmt.Errorf("start sandbox: %w", err)
 	}
 	agent := agentclient.New(m.socketPath(id))
 	rctx, cancel := context.WithTimeout(ctx, readyTimeout)
 	defer cancel()
 	if err := agent.WaitReady(rctx); err != nil {
-		return Sandbox{}, fmt.Errorf("sandbox %s: %w", id, err)
+		return booted{}, fmt.Errorf("sandbox %s: %w", id, err)
 	}
 	if tpl.ProbePort > 0 {
 		if err := Probe(ctx, agent, tpl.ProbePort, tpl.ProbePath, tpl.ProbeTimeout); err != nil {
-			return Sandbox{}, fmt.Errorf("sandbox %s: %v: %w", id, err, errdefs.ErrUnavailable)
+			return booted{}, fmt.Errorf("sandbox %s: %v: %w", id, err, errdefs.ErrUnavailable)
 		}
 	}
-	now := time.Now().UTC()
-	rec := Sandbox{
-		ID: id, TemplateID: tpl.ID, Metadata: o.Metadata, EnvVars: o.EnvVars,
-		AccessToken: newToken(), StartedAt: now, EndAt: now.Add(o.Timeout),
-		CPUMillis: tpl.CPUMillis, MemoryMB: tpl.MemoryMB, DiskMB: tpl.DiskMB, State: StateRunning,
-	}
-	if len(tpl.Aliases) > 0 {
-		rec.Alias = tpl.Aliases[0]
-	}
-	if err := agent.Init(rctx, agentclient.InitRequest{EnvVars: o.EnvVars, AccessToken: rec.AccessToken}); err != nil {
-		return Sandbox{}, err
-	}
-	if err := m.cfg.Store.Put(bucket, id, rec); err != nil {
-		return Sandbox{}, err
-	}
-	m.mu.Lock()
-	l := &live{rec: rec, agent: agent}
-	m.live[id] = l
-	m.armLocked(l)
-	m.mu.Unlock()
-	m.cfg.Log.Info("sandbox created", "id", id, "template", tpl.ID)
-	return rec, nil
+	return booted{id: id, agent: agent}, nil
 }
 
 // armLocked (re)starts the expiry timer of l. Preconditions: m.mu held.

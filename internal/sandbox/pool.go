@@ -1,0 +1,143 @@
+package sandbox
+
+import (
+	"context"
+	"reflect"
+	"sync"
+	"time"
+
+	"github.com/nookhq/nook/internal/template"
+)
+
+// pool keeps started, not yet initialised sandboxes per template, so that a
+// create only has to initialise the agent. Pooled sandboxes are invisible in
+// lists, have no end time, and are refilled in the background one boot at a
+// time, so refilling never competes with live creates for more than one
+// core's worth of work.
+type pool struct {
+	m           *Manager
+	defaultSize int
+
+	mu      sync.Mutex
+	warm    map[string][]booted // guarded by mu; template id -> ready sandboxes
+	filling map[string]bool     // guarded by mu; template ids being refilled
+}
+
+func newPool(m *Manager, defaultSize int) *pool {
+	return &pool{m: m, defaultSize: defaultSize, warm: map[string][]booted{}, filling: map[string]bool{}}
+}
+
+func (p *pool) size(tpl template.Template) int {
+	if tpl.PoolSize != nil {
+		return *tpl.PoolSize
+	}
+	return p.defaultSize
+}
+
+// claim takes a warm sandbox of tpl, if there is one and the create asks for
+// nothing a pooled sandbox was not started with (a non-default network).
+func (p *pool) claim(tpl template.Template, o CreateOptions) (booted, bool) {
+	if o.NoPool || p.size(tpl) == 0 || !reflect.ValueOf(o.Network).IsZero() {
+		return booted{}, false
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	list := p.warm[tpl.ID]
+	if len(list) == 0 {
+		return booted{}, false
+	}
+	b := list[0]
+	p.warm[tpl.ID] = list[1:]
+	return b, true
+}
+
+// refill starts booting sandboxes of tplID in the background until its pool
+// is full, unless that is already under way.
+func (p *pool) refill(tplID string) {
+	p.mu.Lock()
+	if p.filling[tplID] {
+		p.mu.Unlock()
+		return
+	}
+	p.filling[tplID] = true
+	p.mu.Unlock()
+	go func() {
+		defer func() {
+			p.mu.Lock()
+			delete(p.filling, tplID)
+			p.mu.Unlock()
+		}()
+		for {
+			tpl, err := p.m.cfg.Templates.Get(tplID)
+			if err != nil || tpl.State != template.StateReady {
+				return
+			}
+			p.mu.Lock()
+			n := len(p.warm[tplID])
+			p.mu.Unlock()
+			if n >= p.size(tpl) {
+				return
+			}
+			b, err := p.m.boot(context.Background(), tpl, NetworkConfig{})
+			if err != nil {
+				p.m.cfg.Log.Warn("warm pool: boot failed", "template", tplID, "err", err)
+				time.Sleep(time.Second)
+				return
+			}
+			p.mu.Lock()
+			p.warm[tplID] = append(p.warm[tplID], b)
+			p.mu.Unlock()
+		}
+	}()
+}
+
+// drain kills the warm sandboxes of tplID (or of every template when
+// tplID is empty).
+func (p *pool) drain(ctx context.Context, tplID string) {
+	p.mu.Lock()
+	var victims []booted
+	for id, list := range p.warm {
+		if tplID == "" || id == tplID {
+			victims = append(victims, list...)
+			delete(p.warm, id)
+		}
+	}
+	p.mu.Unlock()
+	for _, b := range victims {
+		b.agent.HTTP.CloseIdleConnections()
+		if err := p.m.cleanup(ctx, b.id); err != nil {
+			p.m.cfg.Log.Error("warm pool: cleanup", "id", b.id, "err", err)
+		}
+	}
+}
+
+// WarmPools starts filling the pool of every ready template.
+func (m *Manager) WarmPools() error {
+	tpls, err := m.cfg.Templates.List()
+	if err != nil {
+		return err
+	}
+	for _, t := range tpls {
+		if t.State == template.StateReady && m.pool.size(t) > 0 {
+			m.pool.refill(t.ID)
+		}
+	}
+	return nil
+}
+
+// DrainPool kills the warm sandboxes of a template (all templates when id
+// is empty), e.g. before the template is deleted or changed.
+func (m *Manager) DrainPool(ctx context.Context, templateID string) {
+	m.pool.drain(ctx, templateID)
+}
+
+// PoolSizes reports how many warm sandboxes each template has now.
+func (m *Manager) PoolSizes() map[string]int {
+	m.pool.mu.Lock()
+	defer m.pool.mu.Unlock()
+	out := map[string]int{}
+	for id, list := range m.pool.warm {
+		out[id] = len(list)
+	}
+	return out
+}
