@@ -56,7 +56,6 @@ func ociSpec(s runtime.Spec, rootfs, cgroupsPath string) (*specs.Spec, error) {
 			{Destination: "/dev/mqueue", Type: "mqueue", Source: "mqueue", Options: []string{"nosuid", "noexec", "nodev"}},
 			{Destination: "/sys", Type: "sysfs", Source: "sysfs", Options: []string{"nosuid", "noexec", "nodev", "ro"}},
 			{Destination: "/sys/fs/cgroup", Type: "cgroup", Source: "cgroup", Options: []string{"nosuid", "noexec", "nodev", "relatime", "ro"}},
-			{Destination: "/tmp", Type: "tmpfs", Source: "tmpfs", Options: []string{"nosuid", "nodev", "mode=1777"}},
 		},
 		Linux: &specs.Linux{
 			UIDMappings: []specs.LinuxIDMapping{{ContainerID: 0, HostID: runtime.HostUIDBase, Size: runtime.IDMapSize}},
