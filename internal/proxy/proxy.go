@@ -84,6 +84,13 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	agent, _, err := p.Agents.Agent(id)
+	if errors.Is(err, sandbox.ErrPaused) {
+		agent, err = p.autoResume(r.Context(), id, err) // see resume.go
+		if err != nil {
+			writeError(w, http.StatusConflict, err.Error())
+			return
+		}
+	}
 	if err != nil {
 		code := http.StatusBadGateway
 		if errors.Is(err, errdefs.ErrNotFound) || errors.Is(err, errdefs.ErrInvalid) {
@@ -97,6 +104,16 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusForbidden, "/init is reserved for the control plane")
 		return
 	}
+	if port == agentwire.EnvdPort && strings.HasPrefix(r.URL.Path, agentwire.ControlPrefix) {
+		writeError(w, http.StatusForbidden, agentwire.ControlPrefix+" is reserved for the control plane")
+		return
+	}
+	// Streams answer while the request body may still be being relayed: an
+	// HTTP/1 handler that flushes its response would otherwise lose the rest
+	// of the request body, which cut streams short.
+	if err := http.NewResponseController(w).EnableFullDuplex(); err != nil {
+		p.Log.Debug("full duplex unavailable", "err", err)
+	}
 	ctx := context.WithValue(r.Context(), ctxKey{}, target{agent: agent, port: port})
 	p.reverse().ServeHTTP(w, r.WithContext(ctx))
 }
@@ -109,6 +126,7 @@ func (p *Proxy) reverse() *httputil.ReverseProxy {
 			pr.Out.Host = pr.In.Host
 			pr.Out.Header.Del("E2b-Sandbox-Id")
 			pr.Out.Header.Del("E2b-Sandbox-Port")
+			pr.Out.Header.Del(agentwire.LaunchEnvHeader) // only nook serve may ask for an exact env
 		},
 		Transport:     transport,
 		FlushInterval: -1,
