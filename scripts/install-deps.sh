@@ -2,7 +2,7 @@
 # Installs the Debian packages nook and its tests need. Idempotent.
 set -euo pipefail
 need=()
-for pkg in runc mmdebstrap iproute2 uidmap curl ca-certificates; do
+for pkg in runc mmdebstrap iproute2 uidmap curl ca-certificates busybox-static; do
   dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || need+=("$pkg")
 done
 # gVisor's runsc (pause with memory) comes from bookworm-backports.

@@ -14,7 +14,6 @@ import (
 
 	"github.com/nookhq/nook/internal/errdefs"
 	"github.com/nookhq/nook/internal/rootfs"
-	"github.com/nookhq/nook/internal/runtime"
 	"github.com/nookhq/nook/internal/store"
 )
 
@@ -51,15 +50,35 @@ type Template struct {
 	// EnvdInheritImageEnv lets envd commands see the image env (off by
 	// default, as the CubeSandbox table says).
 	EnvdInheritImageEnv bool `json:"envdInheritImageEnv,omitempty"`
+	// CodeInterpreter runs nook-interp (run_code on port 49999) in every
+	// sandbox; RunCodeInheritSandboxEnv lets run_code see the sandbox env.
+	CodeInterpreter          bool `json:"codeInterpreter,omitempty"`
+	RunCodeInheritSandboxEnv bool `json:"runCodeInheritSandboxEnv,omitempty"`
 	// ProbePort, when set, is a sandbox port that must answer an HTTP GET
 	// of ProbePath with a 2xx before the template is READY and before any
 	// sandbox create from it answers.
 	ProbePort    int           `json:"probePort,omitempty"`
 	ProbePath    string        `json:"probePath,omitempty"`
 	ProbeTimeout time.Duration `json:"probeTimeout,omitempty"`
+	// PoolSize is how many started sandboxes nook keeps warm for this
+	// template; nil uses nook serve's --pool-size, 0 disables.
+	PoolSize *int `json:"poolSize,omitempty"`
 	// ExposedPorts are the ports the image declares (informational).
 	ExposedPorts []int     `json:"exposedPorts,omitempty"`
 	CreatedAt    time.Time `json:"createdAt"`
+	// Source is what the template was made from (an image reference or
+	// "dockerfile"); BuildID its latest build (see build.go).
+	Source    string    `json:"source,omitempty"`
+	BuildID   string    `json:"buildID,omitempty"`
+	UpdatedAt time.Time `json:"updatedAt,omitempty"`
+	// DNS are the resolvers sandboxes of this template should use.
+	DNS []string `json:"dns,omitempty"`
+	// Internal marks a record a build uses for its probe sandbox; it is
+	// not listed.
+	Internal bool `json:"internal,omitempty"`
+	// Runtime runs this template's sandboxes with another driver: "gvisor"
+	// (runsc; pauses keep memory). Empty is runc.
+	Runtime string `json:"runtime,omitempty"`
 }
 
 // Resource defaults, as CubeSandbox's: 2000 millicores, 2000 MB.
@@ -83,6 +102,9 @@ func ValidID(s string) bool { return idPattern.MatchString(s) }
 type Registry struct {
 	st  *store.Store
 	dir string
+	// RootfsCache, when set, is a directory shared between data dirs where
+	// built-in template root filesystems are kept (see debianRootfs).
+	RootfsCache string
 }
 
 // NewRegistry returns a registry keeping root filesystems in dataDir/templates.
@@ -121,8 +143,24 @@ func (r *Registry) Get(idOrAlias string) (Template, error) {
 // List returns every template.
 func (r *Registry) List() ([]Template, error) { return store.All[Template](r.st, bucket) }
 
-// Put stores a template record.
-func (r *Registry) Put(t Template) error { return r.st.Put(bucket, t.ID, t) }
+// Put stores a template record. Its id and aliases must be valid ids.
+func (r *Registry) Put(t Template) error {
+	for _, id := range append([]string{t.ID}, t.Aliases...) {
+		if !ValidID(id) {
+			return fmt.Errorf("template id or alias %q: want 1-63 of a-z, 0-9, '-', '_': %w", id, errdefs.ErrInvalid)
+		}
+	}
+	return r.st.Put(bucket, t.ID, t)
+}
+
+// Delete removes a template record (not its layers; see Builder.Delete).
+func (r *Registry) Delete(id string) error { return r.st.Delete(bucket, id) }
+
+// DataDir is the data dir the registry keeps its files under.
+func (r *Registry) DataDir() string { return filepath.Dir(r.dir) }
+
+// Store is the store the registry keeps its records in.
+func (r *Registry) Store() *store.Store { return r.st }
 
 // EnsureBase builds the `base` template (Debian bookworm via mmdebstrap) if
 // it is not ready yet, writing progress to progress.
@@ -130,29 +168,10 @@ func (r *Registry) EnsureBase(ctx context.Context, mirror string, progress io.Wr
 	if t, err := r.Get(BaseID); err == nil && t.State == StateReady {
 		return nil
 	}
-	root := filepath.Join(r.dir, BaseID, "rootfs")
-	if _, err := os.Stat(root); err != nil {
-		tmp := filepath.Join(r.dir, ".build-"+BaseID)
-		os.RemoveAll(tmp) // a half-made build of an earlier run
-		if err := os.MkdirAll(filepath.Dir(root), 0o711); err != nil {
-			return err
-		}
-		fmt.Fprintf(progress, "building template %q (Debian bookworm with %v); this runs once\n", BaseID, rootfs.BasePackages)
-		start := time.Now()
-		opts := rootfs.DebianOptions{Suite: "bookworm", Mirror: mirror, Packages: rootfs.BasePackages, User: "user"}
-		if err := rootfs.BuildDebian(ctx, tmp, opts, progress); err != nil {
-			return fmt.Errorf("build template %q: %w", BaseID, err)
-		}
-		if err := rootfs.Shift(tmp, runtime.HostUIDBase); err != nil {
-			return fmt.Errorf("shift ownership of template %q: %w", BaseID, err)
-		}
-		if err := os.Chmod(tmp, 0o755); err != nil {
-			return err
-		}
-		if err := os.Rename(tmp, root); err != nil {
-			return err
-		}
-		fmt.Fprintf(progress, "template %q ready in %s\n", BaseID, time.Since(start).Round(time.Second))
+	opts := rootfs.DebianOptions{Suite: "bookworm", Mirror: mirror, Packages: rootfs.BasePackages, User: "user"}
+	root, err := r.debianRootfs(ctx, BaseID, opts, progress)
+	if err != nil {
+		return err
 	}
 	return r.Put(Template{
 		ID: BaseID, State: StateReady, Layers: []string{root},
