@@ -12,6 +12,7 @@ export NOOK_ROOTFS_CACHE ?= /var/lib/nook-rootfs-cache
 build:
 	CGO_ENABLED=0 $(GO) build -o $(BIN)/nook ./cmd/nook
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags='-s -w' -o $(BIN)/nook-agent ./cmd/nook-agent
+	CGO_ENABLED=0 $(GO) build -trimpath -ldflags='-s -w' -o $(BIN)/nook-interp ./cmd/nook-interp
 
 # Installs what nook needs on Debian 12 (runc, mmdebstrap, ...).
 deps:

@@ -26,6 +26,8 @@ func main() {
 	defUser := fs.String("default-user", "", "default user until /init sets one (default: user if it exists, else root)")
 	defWorkdir := fs.String("default-workdir", "", "default working directory until /init sets one")
 	verbose := fs.Bool("v", false, "debug logging")
+	interp := fs.Bool(agentwire.CodeInterpreterFlag, false, "run "+agentwire.InterpPath+" (run_code on port 49999) as a service")
+	interpEnv := fs.Bool(agentwire.RunCodeInheritEnvFlag, false, "run_code also sees the sandbox env")
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), "usage: nook-agent [flags] [-- START_CMD ARGS...]\n")
 		fs.PrintDefaults()
@@ -48,6 +50,10 @@ func main() {
 		DefaultWorkdir:  *defWorkdir,
 		Reaper:          reaper,
 	})
+
+	if *interp {
+		srv.StartService(agent.Service{Name: "nook-interp", Args: interpArgs(*interpEnv), SandboxEnv: *interpEnv})
+	}
 
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
@@ -89,7 +95,10 @@ func main() {
 				return
 			}
 			slog.Info("forwarding signal to start command", "signal", sig, "pid", pid)
-			_ = syscall.Kill(pid, sig.(syscall.Signal))
+			// The start command leads its own process group: signal all of it.
+			if err := syscall.Kill(-pid, sig.(syscall.Signal)); err != nil {
+				_ = syscall.Kill(pid, sig.(syscall.Signal))
+			}
 			if !stopping {
 				stopping = true
 				go func() {
@@ -102,8 +111,17 @@ func main() {
 	}()
 
 	slog.Info("nook-agent listening", "socket", *socket, "version", agentwire.EnvdVersion)
-	if err := srv.ListenAndServe(ctx, *socket); err != nil {
+	if err := serveCheckpointable(ctx, srv, *socket); err != nil { // checkpoint.go
 		slog.Error("serve", "err", err)
 		os.Exit(1)
 	}
+}
+
+// interpArgs is nook-interp's command line (see cmd/nook-interp).
+func interpArgs(inheritEnv bool) []string {
+	args := []string{agentwire.InterpPath, "--listen", fmt.Sprintf("127.0.0.1:%d", agentwire.CodeInterpreterPort)}
+	if inheritEnv {
+		args = append(args, "--sandbox-env-fd", "3")
+	}
+	return args
 }

@@ -18,7 +18,9 @@ func main() {
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
-	root.AddCommand(serveCmd(), sandboxCmd(), benchCmd())
+	root.AddCommand(serveCmd(), withPauseVerbs(sandboxCmd()), benchCmd(), snapshotCmd())
+	root.AddCommand(execCmd())
+	root.AddCommand(tplCmd())
 	if err := root.Execute(); err != nil {
 		var exit exitCode
 		if asExit(err, &exit) {

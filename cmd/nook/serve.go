@@ -20,6 +20,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/nookhq/nook/internal/api"
+	"github.com/nookhq/nook/internal/native"
 	"github.com/nookhq/nook/internal/proxy"
 	"github.com/nookhq/nook/internal/runtime/runc"
 	"github.com/nookhq/nook/internal/sandbox"
@@ -30,6 +31,9 @@ import (
 type serveOptions struct {
 	dataDir, listen, proxyListen, domain, logLevel, agentPath, mirror string
 	apiKeys                                                           []string
+	net                                                               netFlags
+	poolSize                                                          int
+	rootfsCache                                                       string
 }
 
 func serveCmd() *cobra.Command {
@@ -57,6 +61,9 @@ Needs root: it mounts file systems and runs runc.`,
 	f.StringSliceVar(&o.apiKeys, "api-key", nil, "API key(s) clients must send (repeatable or comma list); when none, one is generated and stored in the data dir")
 	f.StringVar(&o.logLevel, "log-level", "info", "log level: debug, info, warn or error")
 	f.StringVar(&o.agentPath, "agent-path", "", "path of the nook-agent binary (default: nook-agent beside this binary, then PATH)")
+	f.StringVar(&o.rootfsCache, "rootfs-cache", "", "directory shared between data dirs that keeps built-in template root filesystems (hard-linked; must be on the same file system)")
+	f.IntVar(&o.poolSize, "pool-size", 2, "warm sandboxes kept started per template (a template's own pool size wins); 0 disables the pool")
+	o.net.register(f)
 	f.StringVar(&o.mirror, "debian-mirror", "http://deb.debian.org/debian", "Debian mirror used to build the base template")
 	return cmd
 }
@@ -85,6 +92,15 @@ func findAgent(flag string) (string, error) {
 		return "", errors.New("nook-agent binary not found beside nook or in PATH; build it (make build) or pass --agent-path")
 	}
 	return filepath.Abs(p)
+}
+
+// findInterp locates the nook-interp binary (run_code) beside nook-agent.
+func findInterp(agentPath string) (string, error) {
+	p := filepath.Join(filepath.Dir(agentPath), "nook-interp")
+	if _, err := os.Stat(p); err != nil {
+		return "", fmt.Errorf("nook-interp binary not found beside %s; build it (make build): %w", agentPath, err)
+	}
+	return p, nil
 }
 
 // apiKeys returns the configured keys, or the stored generated one.
@@ -148,11 +164,28 @@ func serve(ctx context.Context, o serveOptions) error {
 	}
 	ctx, stop := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
 	defer stop()
+	templates.RootfsCache = o.rootfsCache
 	if err := templates.EnsureBase(ctx, o.mirror, os.Stderr); err != nil {
 		return err
 	}
+	if err := templates.EnsureCodeInterpreter(ctx, o.mirror, os.Stderr); err != nil {
+		return err
+	}
+	interpPath, err := findInterp(agentPath)
+	if err != nil {
+		return err
+	}
+	sandboxRuntime := withGvisor(rt, o.dataDir, templates, log) // pause.go
+	netw, err := o.net.start(ctx, o.dataDir, log)
+	if err != nil {
+		return err
+	}
+	if netw != nil {
+		defer netw.Close()
+	}
 	mgr, err := sandbox.NewManager(sandbox.Config{
-		DataDir: o.dataDir, AgentPath: agentPath, Runtime: rt, Store: st, Templates: templates, Log: log,
+		DataDir: o.dataDir, AgentPath: agentPath, InterpPath: interpPath, Runtime: sandboxRuntime, Store: st, Templates: templates, Log: log,
+		PoolSize: o.poolSize, Network: sandboxNetwork(netw),
 	})
 	if err != nil {
 		return err
@@ -160,8 +193,16 @@ func serve(ctx context.Context, o serveOptions) error {
 	if err := mgr.Recover(ctx); err != nil {
 		return fmt.Errorf("recover sandboxes: %w", err)
 	}
+	if err := pruneNetwork(netw, mgr); err != nil {
+		log.Warn("cleaning leftover sandbox networks", "err", err)
+	}
+	if err := mgr.WarmPools(); err != nil {
+		return err
+	}
+	nat := native.New(&native.Service{Sandboxes: mgr, Templates: templates, Execer: rt, Log: log})
+	mgr.OnKill(nat.Drop)
 	apiSrv := &http.Server{
-		Handler:           (&api.Server{Sandboxes: mgr, Templates: templates, APIKeys: keys, Domain: o.domain, Log: log}).Handler(),
+		Handler:           (&api.Server{Sandboxes: mgr, Templates: templates, APIKeys: keys, Domain: o.domain, Log: log, Native: nat}).Handler(),
 		ReadHeaderTimeout: 10 * time.Second,
 	}
 	proxySrv := &http.Server{

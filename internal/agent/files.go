@@ -98,9 +98,10 @@ func (s *Server) handleFileGet(w http.ResponseWriter, r *http.Request) {
 }
 
 type uploadedEntry struct {
-	Path string `json:"path"`
-	Name string `json:"name"`
-	Type string `json:"type"`
+	Path     string            `json:"path"`
+	Name     string            `json:"name"`
+	Type     string            `json:"type"`
+	Metadata map[string]string `json:"metadata,omitempty"`
 }
 
 func (s *Server) handleFilePost(w http.ResponseWriter, r *http.Request) {
@@ -142,7 +143,7 @@ func (s *Server) handleFilePost(w http.ResponseWriter, r *http.Request) {
 				writeError(w, http.StatusBadRequest, "no path given for the uploaded file")
 				return
 			}
-			e, code, err := s.writeFile(s.resolvePath(target, u), part, u)
+			e, code, err := s.writeFile(s.resolvePath(target, u), part, u, metadataFromHeader(r.Header))
 			part.Close()
 			if err != nil {
 				writeErrorCode(w, code, err, e.Path)
@@ -166,7 +167,7 @@ func (s *Server) handleFilePost(w http.ResponseWriter, r *http.Request) {
 			defer gz.Close()
 			body = gz
 		}
-		e, code, err := s.writeFile(s.resolvePath(target, u), body, u)
+		e, code, err := s.writeFile(s.resolvePath(target, u), body, u, metadataFromHeader(r.Header))
 		if err != nil {
 			writeErrorCode(w, code, err, e.Path)
 			return
@@ -189,7 +190,7 @@ func writeErrorCode(w http.ResponseWriter, code int, err error, path string) {
 }
 
 // writeFile streams body to path (creating parents, owned by u).
-func (s *Server) writeFile(path string, body io.Reader, u *User) (uploadedEntry, int, error) {
+func (s *Server) writeFile(path string, body io.Reader, u *User, meta map[string]string) (uploadedEntry, int, error) {
 	e := uploadedEntry{Path: path, Name: filepath.Base(path), Type: "file"}
 	if fi, err := os.Stat(path); err == nil && fi.IsDir() {
 		return e, http.StatusBadRequest, fmt.Errorf("path '%s' is a directory", path)
@@ -217,6 +218,10 @@ func (s *Server) writeFile(path string, body io.Reader, u *User) (uploadedEntry,
 		return e, 0, err
 	}
 	chownTo(path, u)
+	if len(meta) > 0 {
+		setMetadata(path, meta)
+		e.Metadata = readMetadata(path)
+	}
 	return e, 0, nil
 }
 

@@ -111,6 +111,7 @@ func (s *Server) entryFromInfo(path string, fi fs.FileInfo) *fspb.EntryInfo {
 		e.Group = s.users.GroupName(st.Gid)
 		e.Mode = uint32(st.Mode & 0o7777)
 	}
+	e.Metadata = readMetadata(path)
 	switch {
 	case fi.Mode()&fs.ModeSymlink != 0:
 		e.Type = fspb.FileType_FILE_TYPE_SYMLINK

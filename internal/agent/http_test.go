@@ -355,3 +355,21 @@ func TestTunnel(t *testing.T) {
 		t.Fatalf("closed port: %q", status)
 	}
 }
+
+func TestFileMetadata(t *testing.T) {
+	ta := newTestAgent(t)
+	probe := filepath.Join(ta.dir, "probe")
+	writeFile(t, probe, "")
+	if err := syscall.Setxattr(probe, "user.nook.probe", []byte("1"), 0); err != nil {
+		t.Skipf("no user xattrs here: %v", err)
+	}
+	target := filepath.Join(ta.dir, "m.txt")
+	r, b := ta.do(t, "POST", "/files?path="+url.QueryEscape(target), strings.NewReader("x"), map[string]string{"Content-Type": "application/octet-stream", "X-Metadata-Team": "infra"})
+	if r.StatusCode != 200 || !strings.Contains(string(b), `"metadata":{"team":"infra"}`) {
+		t.Fatalf("upload with metadata: %d %s", r.StatusCode, b)
+	}
+	st, err := ta.fs.Stat(ctxT(t, 5*time.Second), connect.NewRequest(&fspb.StatRequest{Path: target}))
+	if err != nil || st.Msg.Entry.Metadata["team"] != "infra" {
+		t.Fatalf("stat metadata: %v %v", st, err)
+	}
+}

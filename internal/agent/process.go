@@ -18,6 +18,7 @@ import (
 	"github.com/creack/pty"
 
 	pb "github.com/nookhq/nook/internal/envdpb/process"
+	"github.com/nookhq/nook/internal/envmodel"
 )
 
 const (
@@ -425,7 +426,7 @@ func (ps *processService) Start(ctx context.Context, req *connect.Request[pb.Sta
 	if err != nil {
 		return connect.NewError(connect.CodeInvalidArgument, err)
 	}
-	env := ProcessEnv(s.cfg.AgentEnv, s.cfg.InheritImageEnv, u, s.sandboxEnv(), cfg.Envs)
+	env := s.startEnv(req.Header(), u, cfg.Envs)
 	dir, err := s.resolveCwd(cfg.Cwd, u)
 	if err != nil {
 		return err
@@ -643,7 +644,7 @@ func (s *Server) StartMain(args []string, cwd, user string) (int, <-chan struct{
 			return 0, nil, err
 		}
 	}
-	env := s.cfg.AgentEnv
+	env := envmodel.Main(envmodel.Parse(s.cfg.AgentEnv)).List()
 	argv0, err := lookPath(args[0], env)
 	if err != nil {
 		return 0, nil, err

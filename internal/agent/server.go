@@ -79,6 +79,7 @@ func New(cfg Config) *Server {
 	mux.HandleFunc("GET /metrics", s.handleMetrics)
 	mux.HandleFunc("GET /files", s.handleFileGet)
 	mux.HandleFunc("POST /files", s.handleFilePost)
+	s.nativeRoutes(mux)
 	p, h := processconnect.NewProcessHandler(&processService{s: s})
 	mux.Handle(p, h)
 	p, h = filesystemconnect.NewFilesystemHandler(&fsService{s: s})

@@ -42,9 +42,27 @@ const (
 	EnvdPort = 49983
 	// CodeInterpreterPort is the port the code-interpreter SDK uses.
 	CodeInterpreterPort = 49999
+	// InterpPath is nook-interp's path inside the sandbox (mounted read-only
+	// beside the agent when the template has a code interpreter).
+	InterpPath = AgentDir + "/nook-interp"
+	// CodeInterpreterFlag makes the agent run InterpPath as a service
+	// serving run_code on 127.0.0.1:CodeInterpreterPort with the image env.
+	CodeInterpreterFlag = "code-interpreter"
+	// RunCodeInheritEnvFlag makes run_code also see the sandbox env (/init).
+	RunCodeInheritEnvFlag = "run-code-inherit-env"
 
 	// EnvdVersion is the envd protocol version the agent reports. The e2b SDK
 	// enables features by it (stdin 0.3.0, default user 0.4.0, CloseStdin
 	// 0.5.2, octet-stream upload 0.5.7, file metadata 0.6.2).
 	EnvdVersion = "0.6.2"
+
+	// LaunchEnvHeader, set to LaunchEnvExact on a process Start, makes the
+	// agent launch the process with exactly the request's envs (nook serve
+	// derived the full environment with envmodel: native exec/terminals).
+	// Only nook serve may send it: the proxy strips it from sandbox traffic.
+	LaunchEnvHeader = "X-Nook-Launch-Env"
+	LaunchEnvExact  = "exact"
+	// ControlPrefix is the path prefix of agent routes reserved for nook
+	// serve (e.g. /nook/signal); the proxy refuses it, like /init.
+	ControlPrefix = "/nook/"
 )

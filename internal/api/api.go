@@ -13,6 +13,7 @@ import (
 	"strings"
 
 	"github.com/nookhq/nook/internal/errdefs"
+	"github.com/nookhq/nook/internal/native"
 	"github.com/nookhq/nook/internal/sandbox"
 	"github.com/nookhq/nook/internal/template"
 )
@@ -29,6 +30,8 @@ type Server struct {
 	// {port}-{id}.{Domain}.
 	Domain string
 	Log    *slog.Logger
+	// Native serves the native /v1 face (exec, terminals, OCI exec); nil: off.
+	Native *native.Service
 }
 
 // Handler returns the API's HTTP handler.
@@ -36,6 +39,11 @@ func (s *Server) Handler() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /health", func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusNoContent) })
 	s.sandboxRoutes(mux)
+	s.pauseRoutes(mux)
+	s.templateRoutes(mux)
+	s.networkRoutes(mux)
+	s.poolRoutes(mux)
+	s.nativeRoutes(mux)
 	return s.authenticate(mux)
 }
 

@@ -36,7 +36,10 @@ type newSandboxBody struct {
 	EnvVars             map[string]string `json:"envVars"`
 	Secure              *bool             `json:"secure"`
 	AllowInternetAccess *bool             `json:"allow_internet_access"`
+	Network             *e2bNetworkBody   `json:"network"`
 	AutoPause           *bool             `json:"autoPause"`
+	AutoPauseMemory     *bool             `json:"autoPauseMemory"`
+	AutoResume          *autoResumeBody   `json:"autoResume"`
 }
 
 // sandboxBody is E2B's Sandbox (the create and connect answer).
@@ -67,6 +70,7 @@ type sandboxDetail struct {
 	DiskSizeMB      int64             `json:"diskSizeMB"`
 	Metadata        map[string]string `json:"metadata"`
 	State           string            `json:"state"`
+	pauseDetail                       // lifecycle and pause mode (pause.go)
 }
 
 const clientID = "nook"
@@ -95,6 +99,7 @@ func (s *Server) detail(sb sandbox.Sandbox, withToken bool) sandboxDetail {
 	if d.Metadata == nil {
 		d.Metadata = map[string]string{}
 	}
+	d.pauseDetail = pauseDetailOf(sb)
 	if withToken {
 		d.EnvdAccessToken = sb.AccessToken
 	}
@@ -121,8 +126,14 @@ func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request) {
 	}
 	// A client that goes away must not leave a half-made sandbox; the
 	// manager cleans up on its own context, so let the create finish.
+	netCfg, err := body.Network.networkConfig(body.AllowInternetAccess)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
 	sb, err := s.Sandboxes.Create(context.WithoutCancel(r.Context()), sandbox.CreateOptions{
-		Template: body.TemplateID, Timeout: timeout, Metadata: body.Metadata, EnvVars: body.EnvVars,
+		Template: body.TemplateID, Timeout: timeout, Metadata: body.Metadata, EnvVars: body.EnvVars, Network: netCfg,
+		NoPool: r.Header.Get("Nook-Pool") == "off", Lifecycle: body.lifecycle(),
 	})
 	if err != nil {
 		s.fail(w, r, err)
@@ -190,18 +201,9 @@ func (s *Server) refresh(w http.ResponseWriter, r *http.Request) {
 
 // connect answers 200 for a running sandbox, extending its end time to at
 // least now + timeout.
+// A paused sandbox is resumed first and answered with 201 (see pause.go).
 func (s *Server) connect(w http.ResponseWriter, r *http.Request) {
-	d, err := seconds(w, r, "timeout")
-	if err != nil {
-		s.fail(w, r, err)
-		return
-	}
-	sb, err := s.Sandboxes.Extend(r.PathValue("id"), d)
-	if err != nil {
-		s.fail(w, r, err)
-		return
-	}
-	writeJSON(w, http.StatusOK, s.sandboxBody(sb))
+	s.connectOrResume(w, r, false)
 }
 
 // metadataFilter parses E2B's metadata query ("k=v&k2=v2", URL-encoded).

@@ -14,6 +14,7 @@ package runtime
 import (
 	"context"
 	"errors"
+	"io"
 )
 
 // ErrNotFound is returned when the driver holds nothing for an id.
@@ -53,6 +54,12 @@ type Spec struct {
 	// NetNSPath joins an existing network namespace; empty makes a new,
 	// loopback-only one.
 	NetNSPath string
+	// UpperFrom, when set, is a directory whose contents become the new
+	// writable layer before PID 1 starts (resume, clone, rollback).
+	UpperFrom string
+	// Runtime names the driver a Router starts the sandbox with ("" is
+	// the default driver, "gvisor" gVisor's runsc).
+	Runtime string
 }
 
 // Info is what a driver knows of a running sandbox.
@@ -68,6 +75,39 @@ type Runtime interface {
 	Stop(ctx context.Context, id string) error
 	Inspect(ctx context.Context, id string) (Info, error)
 	List(ctx context.Context) ([]string, error)
+}
+
+// ExecSpec is a process to start inside a running sandbox's namespaces (the
+// OCI exec path, as `docker exec`): it bypasses the in-sandbox agent, so it
+// works even when the agent is wedged. It starts from PID 1's process
+// settings: its environment is the image environment (plus Env).
+type ExecSpec struct {
+	Args []string
+	Env  []string // added to the image environment (e.g. TERM for a terminal)
+	Cwd  string   // empty: "/"
+	User string   // name, uid or uid:gid inside the sandbox; empty: root
+	TTY  bool
+	Cols uint16
+	Rows uint16
+}
+
+// ExecProcess is a started exec. With TTY, Stdout is the terminal and
+// Stderr is nil.
+type ExecProcess interface {
+	Stdin() io.WriteCloser // nil unless asked for
+	Stdout() io.Reader
+	Stderr() io.Reader
+	Resize(cols, rows uint16) error
+	// Wait returns the process's exit code once it ended.
+	Wait() (int, error)
+	// Kill ends the process (hang-up, then kill).
+	Kill() error
+}
+
+// Execer is implemented by runtimes that can start a process in a running
+// sandbox. withStdin gives the process a stdin the caller writes.
+type Execer interface {
+	Exec(ctx context.Context, id string, spec ExecSpec, withStdin bool) (ExecProcess, error)
 }
 
 // HostUIDBase is the first host uid (and gid) that the sandboxes' user

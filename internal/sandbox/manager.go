@@ -52,6 +52,8 @@ type Sandbox struct {
 	MemoryMB    int64             `json:"memoryMB"`
 	DiskMB      int64             `json:"diskMB"`
 	State       string            `json:"state"`
+	// PauseInfo: lifecycle settings and pause state (see pause.go).
+	PauseInfo
 }
 
 // CreateOptions are what a caller may choose for a new sandbox.
@@ -64,14 +66,19 @@ type CreateOptions struct {
 	// NoPool makes this create boot a new sandbox even when a warm one is
 	// waiting (for measuring cold creates).
 	NoPool bool
+	// Lifecycle: auto-pause at the end time, auto-resume (see pause.go).
+	Lifecycle
+	// from starts the sandbox from a copied writable layer (clone).
+	from *startFrom
 }
 
 // Network gives sandboxes their network namespaces. Without one (nil),
 // each sandbox gets a new loopback-only namespace from the runtime.
 type Network interface {
-	// Setup makes the network of sandbox id and returns the path of its
-	// network namespace. On error nothing of it is left.
-	Setup(ctx context.Context, id string, cfg NetworkConfig) (netnsPath string, err error)
+	// Setup makes the network of sandbox id: the network namespace the
+	// runtime joins, plus files and env the sandbox needs (resolv.conf,
+	// trusted CA). On error nothing of it is left.
+	Setup(ctx context.Context, id string, cfg NetworkConfig) (NetworkSetup, error)
 	// Teardown removes everything Setup made for id; unknown ids are fine.
 	Teardown(ctx context.Context, id string) error
 }
@@ -80,6 +87,18 @@ type Network interface {
 type NetworkConfig struct {
 	// AllowInternet is E2B's allow_internet_access (nil: the default, true).
 	AllowInternet *bool `json:"allowInternet,omitempty"`
+	// AllowOut and DenyOut are E2B's allowOut/denyOut: CIDRs, IPs or host
+	// globs ("*.example.com"). Allow wins over deny.
+	AllowOut []string `json:"allowOut,omitempty"`
+	DenyOut  []string `json:"denyOut,omitempty"`
+	// Rules are E2B's rules: host pattern -> header transforms.
+	Rules map[string][]NetworkRule `json:"rules,omitempty"`
+	// AllowedHosts, DeniedHosts and Handlers are the native (Cloudflare
+	// style) policy: allowed-hosts gate, denied host globs, per-host
+	// handler URLs ("*" = catch-all). See internal/network.
+	AllowedHosts []string          `json:"allowedHosts,omitempty"`
+	DeniedHosts  []string          `json:"deniedHosts,omitempty"`
+	Handlers     map[string]string `json:"handlers,omitempty"`
 }
 
 // Config wires a Manager to its parts.
@@ -105,8 +124,10 @@ type Manager struct {
 	runDir string
 	pool   *pool
 
-	mu   sync.Mutex
-	live map[string]*live // guarded by mu
+	ops       opLocks // one pause/resume/kill of a sandbox at a time (pause.go)
+	mu        sync.Mutex
+	live      map[string]*live  // guarded by mu
+	killHooks []func(id string) // guarded by mu
 }
 
 // live is a running sandbox's in-memory state. Its fields are guarded by
@@ -185,16 +206,19 @@ func (m *Manager) Create(ctx context.Context, o CreateOptions) (_ Sandbox, err e
 	if err := ValidateEnv(o.EnvVars); err != nil {
 		return Sandbox{}, err
 	}
-	tpl, err := m.cfg.Templates.Get(o.Template)
+	tpl, err := m.resolveTemplate(o.Template)
 	if err != nil {
 		return Sandbox{}, err
 	}
 	if tpl.State != template.StateReady {
 		return Sandbox{}, fmt.Errorf("template %q is %s, not READY: %w", tpl.ID, tpl.State, errdefs.ErrConflict)
 	}
-	b, pooled := m.pool.claim(tpl, o)
+	b, pooled := booted{}, false
+	if o.from == nil {
+		b, pooled = m.pool.claim(tpl, o)
+	}
 	if !pooled {
-		if b, err = m.boot(ctx, tpl, o.Network); err != nil {
+		if b, err = m.bootFrom(ctx, newID(), tpl, o.Network, o.from); err != nil {
 			return Sandbox{}, err
 		}
 	}
@@ -210,6 +234,7 @@ func (m *Manager) Create(ctx context.Context, o CreateOptions) (_ Sandbox, err e
 		AccessToken: newToken(), StartedAt: now, EndAt: now.Add(o.Timeout),
 		CPUMillis: tpl.CPUMillis, MemoryMB: tpl.MemoryMB, DiskMB: tpl.DiskMB, State: StateRunning,
 	}
+	rec.PauseInfo = newPauseInfo(tpl, o)
 	if len(tpl.Aliases) > 0 {
 		rec.Alias = tpl.Aliases[0]
 	}
@@ -240,14 +265,24 @@ type booted struct {
 // boot starts a sandbox of tpl and waits for its agent and the template's
 // probe. On error nothing of it is left.
 func (m *Manager) boot(ctx context.Context, tpl template.Template, netCfg NetworkConfig) (_ booted, err error) {
-	id := newID()
+	return m.bootFrom(ctx, newID(), tpl, netCfg, nil)
+}
+
+// bootFrom is boot of sandbox id, from a saved writable layer (and memory)
+// when from is set (resume, clone). A failed resume leaves the record and
+// the paused state alone.
+func (m *Manager) bootFrom(ctx context.Context, id string, tpl template.Template, netCfg NetworkConfig, from *startFrom) (_ booted, err error) {
 	runDir := filepath.Join(m.runDir, id)
-	if err := os.Mkdir(runDir, 0o700); err != nil {
+	if err := os.Mkdir(runDir, 0o700); err != nil && !(from.resuming() && os.IsExist(err)) {
 		return booted{}, err
 	}
 	defer func() {
 		if err != nil {
-			m.cleanup(ctx, id)
+			if from.resuming() {
+				m.releaseRunning(ctx, id)
+			} else {
+				m.cleanup(ctx, id)
+			}
 		}
 	}()
 	if err := os.Chown(runDir, runtime.HostUIDBase, runtime.HostUIDBase); err != nil {
@@ -289,11 +324,16 @@ func (m *Manager) boot(ctx context.Context, tpl template.Template, netCfg Networ
 		spec.Mounts = append(spec.Mounts, runtime.Mount{Source: m.cfg.InterpPath, Target: agentwire.InterpPath, ReadOnly: true})
 	}
 	if m.cfg.Network != nil {
-		if spec.NetNSPath, err = m.cfg.Network.Setup(ctx, id, netCfg); err != nil {
+		ns, err := m.cfg.Network.Setup(ctx, id, netCfg)
+		if err != nil {
 			return booted{}, fmt.Errorf("sandbox network: %w", err)
 		}
+		spec.NetNSPath = ns.NetNSPath
+		spec.Mounts = append(spec.Mounts, ns.Mounts...)
+		spec.Env = append(append([]string(nil), spec.Env...), ns.Env...)
 	}
-	if err := m.cfg.Runtime.Start(ctx, spec); err != nil {
+	spec.Runtime = tpl.Runtime
+	if err := m.startSpec(ctx, spec, from); err != nil {
 		return booted{}, fmt.Errorf("start sandbox: %w", err)
 	}
 	agent := agentclient.New(m.socketPath(id))
@@ -302,7 +342,7 @@ func (m *Manager) boot(ctx context.Context, tpl template.Template, netCfg Networ
 	if err := agent.WaitReady(rctx); err != nil {
 		return booted{}, fmt.Errorf("sandbox %s: %w", id, err)
 	}
-	if tpl.ProbePort > 0 {
+	if tpl.ProbePort > 0 && !from.withMemory() {
 		if err := Probe(ctx, agent, tpl.ProbePort, tpl.ProbePath, tpl.ProbeTimeout); err != nil {
 			return booted{}, fmt.Errorf("sandbox %s: %v: %w", id, err, errdefs.ErrUnavailable)
 		}
@@ -327,6 +367,9 @@ func (m *Manager) expire(id string, endAt time.Time) {
 	stale := !ok || !l.rec.EndAt.Equal(endAt)
 	m.mu.Unlock()
 	if stale {
+		return
+	}
+	if m.expirePause(id) {
 		return
 	}
 	m.cfg.Log.Info("sandbox reached its end time", "id", id)
@@ -367,6 +410,9 @@ func (m *Manager) Agent(id string) (*agentclient.Client, Sandbox, error) {
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	if l.rec.State == StatePaused {
+		return nil, l.rec, fmt.Errorf("sandbox %q is paused (resume it with connect): %w", id, ErrPaused)
+	}
 	return l.agent, l.rec, nil
 }
 
@@ -414,6 +460,9 @@ func (m *Manager) update(id string, fn func(*Sandbox)) (Sandbox, error) {
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	if l.rec.State == StatePaused {
+		return Sandbox{}, fmt.Errorf("sandbox %q is paused; resume it first: %w", id, errdefs.ErrConflict)
+	}
 	rec := l.rec
 	fn(&rec)
 	if err := m.cfg.Store.Put(bucket, id, rec); err != nil {
@@ -424,8 +473,19 @@ func (m *Manager) update(id string, fn func(*Sandbox)) (Sandbox, error) {
 	return rec, nil
 }
 
+// OnKill registers fn to be called with the id of every sandbox that is
+// killed or expires (e.g. to drop in-memory state of it), before cleanup.
+func (m *Manager) OnKill(fn func(id string)) {
+	m.mu.Lock()
+	m.killHooks = append(m.killHooks, fn)
+	m.mu.Unlock()
+}
+
 // Kill ends a sandbox and removes everything it had.
 func (m *Manager) Kill(ctx context.Context, id string) error {
+	if ValidID(id) {
+		defer m.ops.lock(id)()
+	}
 	l, err := m.lookup(id)
 	if err != nil {
 		return err
@@ -437,7 +497,11 @@ func (m *Manager) Kill(ctx context.Context, id string) error {
 	}
 	delete(m.live, id)
 	l.timer.Stop()
+	hooks := m.killHooks
 	m.mu.Unlock()
+	for _, fn := range hooks {
+		fn(id)
+	}
 	l.agent.HTTP.CloseIdleConnections()
 	if err := m.cleanup(ctx, id); err != nil {
 		return err
@@ -461,6 +525,9 @@ func (m *Manager) cleanup(ctx context.Context, id string) error {
 	if err := os.RemoveAll(filepath.Join(m.runDir, id)); err != nil {
 		return err
 	}
+	if err := m.removePaused(id); err != nil {
+		return err
+	}
 	return m.cfg.Store.Delete(bucket, id)
 }
 
@@ -475,7 +542,7 @@ func (m *Manager) Recover(ctx context.Context) error {
 	known := map[string]bool{}
 	for _, rec := range recs {
 		known[rec.ID] = true
-		if m.adopt(ctx, rec) {
+		if m.recoverPaused(ctx, rec) || m.adopt(ctx, rec) {
 			continue
 		}
 		m.cfg.Log.Warn("sandbox from an earlier run is gone; cleaning up", "id", rec.ID)
@@ -501,6 +568,7 @@ func (m *Manager) Recover(ctx context.Context) error {
 			m.cfg.Log.Error("cleanup", "id", id, "err", err)
 		}
 	}
+	m.sweepStored(known)
 	return nil
 }
 

@@ -88,7 +88,7 @@ func (d *Driver) Start(ctx context.Context, s runtime.Spec) (err error) {
 			_ = d.Stop(cctx, s.ID)
 		}
 	}()
-	rootfs, err := mountRoot(dir, s.Layers, s.Limits.WritableBytes)
+	rootfs, err := mountRoot(dir, s.Layers, s.Limits.WritableBytes, s.UpperFrom)
 	if err != nil {
 		return err
 	}
@@ -125,8 +125,9 @@ func (d *Driver) Start(ctx context.Context, s runtime.Spec) (err error) {
 }
 
 // mountRoot mounts a tmpfs writable layer of size bytes and the overlay root
-// above it inside dir, and returns the root's path.
-func mountRoot(dir string, layers []string, size int64) (string, error) {
+// above it inside dir, and returns the root's path. A non-empty upperFrom is
+// copied in as the writable layer's contents (see pause.go).
+func mountRoot(dir string, layers []string, size int64, upperFrom string) (string, error) {
 	layer := filepath.Join(dir, "layer")
 	rootfs := filepath.Join(dir, "rootfs")
 	for _, p := range []string{layer, rootfs} {
@@ -139,7 +140,15 @@ func mountRoot(dir string, layers []string, size int64) (string, error) {
 		return "", fmt.Errorf("mount writable layer: %w", err)
 	}
 	upper, work := filepath.Join(layer, "upper"), filepath.Join(layer, "work")
+	if upperFrom != "" {
+		if err := copyTree(upperFrom, upper); err != nil {
+			return "", fmt.Errorf("restore writable layer: %w", err)
+		}
+	}
 	for _, p := range []string{upper, work} {
+		if p == upper && upperFrom != "" {
+			continue
+		}
 		if err := os.Mkdir(p, 0o755); err != nil {
 			return "", err
 		}

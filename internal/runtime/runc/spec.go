@@ -71,6 +71,16 @@ func ociSpec(s runtime.Spec, rootfs, cgroupsPath string) (*specs.Spec, error) {
 			Resources:     resources(s.Limits),
 		},
 	}
+	if s.NetNSPath != "" {
+		// A network namespace made outside the sandbox's user namespace
+		// belongs to the host's, and sysfs may only be mounted by its
+		// owner: bind the host's /sys recursively read-only instead.
+		for i, m := range spec.Mounts {
+			if m.Destination == "/sys" {
+				spec.Mounts[i] = specs.Mount{Destination: "/sys", Type: "bind", Source: "/sys", Options: []string{"rbind", "nosuid", "noexec", "nodev", "rro"}}
+			}
+		}
+	}
 	for _, m := range s.Mounts {
 		opts := []string{"rbind", "nosuid", "nodev"}
 		if m.ReadOnly {
