@@ -118,7 +118,27 @@ func testMain(m *testing.M) int {
 		srv.dumpLog(os.Stderr, 80)
 	}
 	srv.stop()
+	// Leave the shared data dir with nothing running: a stopped nook serve
+	// may leave its warm pool behind (see TestGracefulStopLeavesNoOrphans);
+	// a start without a pool removes it.
+	if len(dirEntriesQuiet(filepath.Join(dataDir, "bundles"))) > 0 {
+		if help, _ := exec.Command(nookBin, "serve", "--help").CombinedOutput(); bytes.Contains(help, []byte("--pool-size")) {
+			if err := srv.start("--pool-size=0"); err != nil {
+				fmt.Fprintln(os.Stderr, "final cleanup start:", err)
+			}
+			srv.stop()
+		}
+	}
 	return code
+}
+
+func dirEntriesQuiet(dir string) []string {
+	es, _ := os.ReadDir(dir)
+	var names []string
+	for _, e := range es {
+		names = append(names, e.Name())
+	}
+	return names
 }
 
 // findRepoRoot returns the module root: ../.. of this package's directory.
@@ -163,7 +183,7 @@ type server struct {
 }
 
 // start runs nook serve and waits (bounded) until /health answers.
-func (s *server) start() error {
+func (s *server) start(extra ...string) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	logf, err := os.OpenFile(s.logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
@@ -176,6 +196,7 @@ func (s *server) start() error {
 		"--listen", apiAddr, "--proxy-listen", proxyAddr, "--agent-path", agentBin}
 	// NOOK_TEST_SERVE_FLAGS adds flags (e.g. "--network=false").
 	args = append(args, strings.Fields(os.Getenv("NOOK_TEST_SERVE_FLAGS"))...)
+	args = append(args, extra...)
 	cmd := exec.Command(nookBin, args...)
 	cmd.Stdout, cmd.Stderr = logf, logf
 	cmd.Env = os.Environ()

@@ -106,6 +106,12 @@ func (s *server) start() error {
 	defer logf.Close()
 	cmd := exec.Command(nookBin, "serve", "--data-dir", dataDir, "--api-key", apiKey,
 		"--listen", apiAddr, "--proxy-listen", proxyAddr, "--agent-path", agentBin, "--pool-size", "0")
+	// Pause, snapshots and backups do not need sandbox networking; run
+	// loopback-only sandboxes when this nook has the switch
+	// (NOOK_PAUSE_TEST_NETWORK=1 keeps it on).
+	if help, _ := exec.Command(nookBin, "serve", "--help").CombinedOutput(); bytes.Contains(help, []byte("--network ")) && os.Getenv("NOOK_PAUSE_TEST_NETWORK") != "1" {
+		cmd.Args = append(cmd.Args, "--network=false")
+	}
 	cmd.Stdout, cmd.Stderr = logf, logf
 	cmd.Env = os.Environ()
 	if os.Getenv("NOOK_ROOTFS_CACHE") == "" {
