@@ -150,7 +150,10 @@ func (r *Registry) Put(t Template) error {
 			return fmt.Errorf("template id or alias %q: want 1-63 of a-z, 0-9, '-', '_': %w", id, errdefs.ErrInvalid)
 		}
 	}
-	return r.st.Put(bucket, t.ID, t)
+	if err := r.st.Put(bucket, t.ID, t); err != nil {
+		return err
+	}
+	return r.st.Sync() // templates outlive a host crash: keep their records too
 }
 
 // Delete removes a template record (not its layers; see Builder.Delete).
