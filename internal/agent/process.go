@@ -450,16 +450,17 @@ func (ps *processService) Start(ctx context.Context, req *connect.Request[pb.Sta
 	}
 	s.procs.add(p)
 	defer p.unsubscribe(sub)
-	// The process lives as long as this request (Connect-Timeout-Ms, client gone).
-	go func() {
-		select {
-		case <-ctx.Done():
-			_ = p.signal(syscall.SIGKILL)
-		case <-p.done:
-		}
-	}()
+	// The process lives until the request's Connect-Timeout-Ms deadline, as
+	// envd's do; a client that merely disconnects (the SDK's disconnect())
+	// leaves it running, to be reattached with Connect.
+	if dl, ok := ctx.Deadline(); ok {
+		kill := time.AfterFunc(time.Until(dl), func() { _ = p.signal(syscall.SIGKILL) })
+		go func() {
+			<-p.done
+			kill.Stop()
+		}()
+	}
 	if err := stream.Send(&pb.StartResponse{Event: &pb.ProcessEvent{Event: &pb.ProcessEvent_Start{Start: &pb.ProcessEvent_StartEvent{Pid: p.pid}}}}); err != nil {
-		_ = p.signal(syscall.SIGKILL)
 		return err
 	}
 	return pumpEvents(ctx, sub, keepaliveInterval(req.Header()), func(ev *pb.ProcessEvent) error {

@@ -408,3 +408,33 @@ func TestBackgroundChildDoesNotBlockEnd(t *testing.T) {
 		t.Fatalf("stdout=%q end=%v after %v", r.stdout, r.end, time.Since(start))
 	}
 }
+
+// A client that disconnects (the SDK's disconnect()) must leave the process
+// running; only the Connect-Timeout-Ms deadline ends it.
+func TestDisconnectKeepsProcess(t *testing.T) {
+	ta := newTestAgent(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	stream, err := ta.proc.Start(ctx, startReq("/bin/sleep", "30"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	pid := firstPid(t, stream)
+	cancel()
+	stream.Close()
+	time.Sleep(300 * time.Millisecond)
+	list, err := ta.proc.List(ctxT(t, 5*time.Second), connect.NewRequest(&pb.ListRequest{}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	found := false
+	for _, p := range list.Msg.Processes {
+		found = found || p.Pid == pid
+	}
+	if !found {
+		t.Fatalf("pid %d was killed when its client disconnected", pid)
+	}
+	if _, err := ta.proc.SendSignal(ctxT(t, 5*time.Second), connect.NewRequest(&pb.SendSignalRequest{
+		Process: &pb.ProcessSelector{Selector: &pb.ProcessSelector_Pid{Pid: pid}}, Signal: pb.Signal_SIGNAL_SIGKILL})); err != nil {
+		t.Fatal(err)
+	}
+}

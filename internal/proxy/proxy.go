@@ -71,9 +71,13 @@ func route(r *http.Request) (id string, port int, err error) {
 }
 
 func writeError(w http.ResponseWriter, code int, msg string) {
+	writeJSON(w, code, map[string]any{"code": code, "message": msg})
+}
+
+func writeJSON(w http.ResponseWriter, code int, body any) {
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(code)
-	json.NewEncoder(w).Encode(map[string]any{"code": code, "message": msg})
+	json.NewEncoder(w).Encode(body)
 }
 
 // ServeHTTP routes one request.
@@ -92,11 +96,11 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	if err != nil {
-		code := http.StatusBadGateway
-		if errors.Is(err, errdefs.ErrNotFound) || errors.Is(err, errdefs.ErrInvalid) {
-			code = http.StatusNotFound
-		}
-		writeError(w, code, fmt.Sprintf("sandbox %q not found", id))
+		// E2B's proxy answers 502 for a sandbox that is not running, and the
+		// e2b SDK's isRunning() relies on exactly that status.
+		writeJSON(w, http.StatusBadGateway, map[string]any{
+			"code": http.StatusBadGateway, "message": fmt.Sprintf("sandbox %q not found", id), "sandboxId": id,
+		})
 		return
 	}
 	if port == agentwire.EnvdPort && r.URL.Path == "/init" {

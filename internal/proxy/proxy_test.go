@@ -74,7 +74,7 @@ func TestUnknownSandboxAndReservedPaths(t *testing.T) {
 		id, path string
 		want     int
 	}{
-		{"nope", "/health", http.StatusNotFound},
+		{"nope", "/health", http.StatusBadGateway},
 		{"sb1", "/init", http.StatusForbidden},
 	} {
 		req := httptest.NewRequest(http.MethodPost, tc.path, strings.NewReader("{}"))

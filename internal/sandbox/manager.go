@@ -323,6 +323,7 @@ func (m *Manager) bootFrom(ctx context.Context, id string, tpl template.Template
 	if tpl.CodeInterpreter && m.cfg.InterpPath != "" {
 		spec.Mounts = append(spec.Mounts, runtime.Mount{Source: m.cfg.InterpPath, Target: agentwire.InterpPath, ReadOnly: true})
 	}
+	t0 := time.Now()
 	if m.cfg.Network != nil {
 		ns, err := m.cfg.Network.Setup(ctx, id, netCfg)
 		if err != nil {
@@ -333,20 +334,25 @@ func (m *Manager) bootFrom(ctx context.Context, id string, tpl template.Template
 		spec.Env = append(append([]string(nil), spec.Env...), ns.Env...)
 	}
 	spec.Runtime = tpl.Runtime
+	tNet := time.Now()
 	if err := m.startSpec(ctx, spec, from); err != nil {
 		return booted{}, fmt.Errorf("start sandbox: %w", err)
 	}
+	tRuntime := time.Now()
 	agent := agentclient.New(m.socketPath(id))
 	rctx, cancel := context.WithTimeout(ctx, readyTimeout)
 	defer cancel()
 	if err := agent.WaitReady(rctx); err != nil {
 		return booted{}, fmt.Errorf("sandbox %s: %w", id, err)
 	}
+	tAgent := time.Now()
 	if tpl.ProbePort > 0 && !from.withMemory() {
 		if err := Probe(ctx, agent, tpl.ProbePort, tpl.ProbePath, tpl.ProbeTimeout); err != nil {
 			return booted{}, fmt.Errorf("sandbox %s: %v: %w", id, err, errdefs.ErrUnavailable)
 		}
 	}
+	m.cfg.Log.Debug("sandbox booted", "id", id, "network", tNet.Sub(t0), "runtime", tRuntime.Sub(tNet),
+		"agent", tAgent.Sub(tRuntime), "probe", time.Since(tAgent))
 	return booted{id: id, agent: agent}, nil
 }
 
