@@ -34,4 +34,13 @@ trap - EXIT
 if [ $status -ne 0 ]; then
   echo "--- nook serve log (tail) ---"; tail -50 "$log"
 fi
+# Every test kills its sandboxes and a clean stop drains the warm pool, so
+# nothing of any sandbox may be left: no mount, bundle or runc container.
+leaks=$(grep -c " $data/bundles/" /proc/self/mountinfo || true)
+bundles=$(ls -A "$data/bundles" 2>/dev/null | wc -l)
+containers=$(runc --root "$data/runc" list -q 2>/dev/null | wc -l)
+if [ "$leaks" != 0 ] || [ "$bundles" != 0 ] || [ "$containers" != 0 ]; then
+  echo "LEAK after e2e run: $leaks mounts, $bundles bundles, $containers runc containers under $data"
+  status=1
+fi
 exit $status
