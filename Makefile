@@ -27,8 +27,12 @@ run: deps build
 # end-to-end tests through the published e2b SDK against a live nook serve.
 test: deps build test-go test-e2e
 
+# Unit tests run in parallel; the root integration suites under test/ each
+# start their own nook serve, so they run one package at a time.
 test-go:
-	$(GO) test -count=1 ./...
+	$(GO) vet ./...
+	$(GO) test -count=1 $$($(GO) list ./... | grep -v /test/)
+	$(GO) test -count=1 -p 1 -timeout 30m ./test/...
 
 test-e2e:
 	cd test/e2e && npm ci --no-audit --no-fund && bash run.sh
