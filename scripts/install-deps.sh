@@ -14,3 +14,10 @@ if [ ${#need[@]} -gt 0 ]; then
   apt-get update -qq
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" >/dev/null
 fi
+# runsc (gVisor) from bookworm-backports: sandboxes of templates with runtime
+# gvisor, the only way to pause with memory on this host (CRIU 3.17 fails).
+if ! command -v runsc >/dev/null 2>&1; then
+  echo "installing: runsc (bookworm-backports)"
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq -t bookworm-backports runsc >/dev/null
+fi

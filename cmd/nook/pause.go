@@ -3,10 +3,10 @@ package main
 import (
 	"fmt"
 	"log/slog"
-	"slices"
 	"net/http"
 	"net/url"
 	"os"
+	"slices"
 	"strconv"
 	"text/tabwriter"
 	"time"

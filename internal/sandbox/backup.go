@@ -281,9 +281,15 @@ func sandboxID(hostID uint32) int {
 }
 
 func (a *archiver) walk(dirFD int, rel string, ign []*ignorer) error {
-	d := os.NewFile(uintptr(dirFD), rel)
+	// Read the names through a duplicate: an *os.File closes its fd when
+	// it is collected, and dirFD is the caller's.
+	dup, err := unix.Dup(dirFD)
+	if err != nil {
+		return err
+	}
+	d := os.NewFile(uintptr(dup), rel)
 	names, err := d.Readdirnames(-1)
-	// d shares dirFD with the caller, who closes it.
+	d.Close()
 	if err != nil {
 		return fmt.Errorf("read dir %q: %w", "/"+rel, err)
 	}

@@ -109,10 +109,10 @@ type Config struct {
 	// InterpPath is the host path of nook-interp, mounted beside the agent
 	// in sandboxes whose template has a code interpreter.
 	InterpPath string
-	Runtime   runtime.Runtime
-	Store     *store.Store
-	Templates *template.Registry
-	Log       *slog.Logger
+	Runtime    runtime.Runtime
+	Store      *store.Store
+	Templates  *template.Registry
+	Log        *slog.Logger
 	// PoolSize is how many warm sandboxes to keep per template whose own
 	// pool size is unset (negative); 0 disables pooling.
 	PoolSize int

@@ -160,7 +160,7 @@ func (m *Manager) releaseRunning(ctx context.Context, id string) {
 	}
 }
 
-func (m *Manager) pausedRoot() string     { return filepath.Join(m.cfg.DataDir, "paused") }
+func (m *Manager) pausedRoot() string        { return filepath.Join(m.cfg.DataDir, "paused") }
 func (m *Manager) pauseDir(id string) string { return filepath.Join(m.pausedRoot(), id) }
 
 // pauseMeta is written into a pause dir before it is renamed into place:

@@ -55,6 +55,9 @@ func testMain(m *testing.M) int {
 		return 1
 	}
 	defer os.RemoveAll(binDir)
+	// gVisor's gofer opens the bind-mounted agent from inside the sandbox's
+	// user namespace: its directory must be traversable.
+	os.Chmod(binDir, 0o755)
 	nookBin, agentBin = filepath.Join(binDir, "nook"), filepath.Join(binDir, "nook-agent")
 	for out, pkg := range map[string]string{nookBin: "./cmd/nook", agentBin: "./cmd/nook-agent", filepath.Join(binDir, "nook-interp"): "./cmd/nook-interp"} {
 		cmd := exec.Command(goBinary(), "build", "-o", out, pkg)

@@ -199,6 +199,9 @@ func lastError(path string) string {
 			return msg
 		}
 	}
+	if n := len(lines); n > 0 {
+		return string(lines[n-1])
+	}
 	return ""
 }
 
