@@ -2,6 +2,7 @@ package network
 
 import (
 	"fmt"
+	"github.com/mdlayher/netlink"
 	"net/netip"
 
 	"github.com/google/nftables"
@@ -157,7 +158,7 @@ func sbChain(id string) string { return "sb_" + id }
 
 // apply replaces the instance's table with the one st describes.
 func (st *nftState) apply() error {
-	c, err := nftables.New()
+	c, err := nftables.New(nftables.WithSockOptions(bigReceiveBuffer))
 	if err != nil {
 		return err
 	}
@@ -244,6 +245,23 @@ func (st *nftState) sandboxRules(c *nftables.Conn, tbl *nftables.Table, ch *nfta
 		return
 	}
 	addReject(c, tbl, ch, nil)
+}
+
+// bigReceiveBuffer lets one flush rebuild a table of many sandboxes: the
+// kernel acknowledges every message of the batch, and the default netlink
+// receive buffer overflows (ENOBUFS) at a few hundred rules.
+func bigReceiveBuffer(c *netlink.Conn) error {
+	rc, err := c.SyscallConn()
+	if err != nil {
+		return err
+	}
+	var serr error
+	if err := rc.Control(func(fd uintptr) {
+		serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_RCVBUFFORCE, 32<<20)
+	}); err != nil {
+		return err
+	}
+	return serr
 }
 
 // deleteTable removes the instance's table if it exists.
