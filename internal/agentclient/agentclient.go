@@ -12,7 +12,10 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"strconv"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // Client talks to one sandbox's agent.
@@ -28,10 +31,25 @@ func New(socket string) *Client {
 	return c
 }
 
-// Dial connects to the agent's socket.
+// Dial connects to the agent's socket. The socket's directory is writable
+// by the sandbox's root, which could put a symlink to any host socket in its
+// place; so the socket is opened without following a symlink, checked to be
+// a socket, and connected to through that very inode (/proc/self/fd/N).
 func (c *Client) Dial(ctx context.Context) (net.Conn, error) {
+	fd, err := unix.Open(c.Socket, unix.O_PATH|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, &net.OpError{Op: "dial", Net: "unix", Err: fmt.Errorf("open %s: %w", c.Socket, err)}
+	}
+	defer unix.Close(fd)
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		return nil, err
+	}
+	if st.Mode&unix.S_IFMT != unix.S_IFSOCK {
+		return nil, fmt.Errorf("agent socket %s is not a socket (mode %o): refusing to connect", c.Socket, st.Mode)
+	}
 	var d net.Dialer
-	return d.DialContext(ctx, "unix", c.Socket)
+	return d.DialContext(ctx, "unix", "/proc/self/fd/"+strconv.Itoa(fd))
 }
 
 // Transport is an HTTP transport whose every connection goes to the agent.

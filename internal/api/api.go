@@ -11,12 +11,30 @@ import (
 	"log/slog"
 	"net/http"
 	"strings"
+	"time"
 
 	"github.com/nookhq/nook/internal/errdefs"
 	"github.com/nookhq/nook/internal/native"
 	"github.com/nookhq/nook/internal/sandbox"
 	"github.com/nookhq/nook/internal/template"
 )
+
+// maxSeconds bounds every duration a request gives in seconds, so no value
+// can overflow time.Duration (the sandbox manager's own limits are lower).
+const maxSeconds = 10 * 365 * 24 * 3600
+
+// secondsField turns a request's number of seconds into a duration: positive
+// (or zero when zeroOK) and at most maxSeconds, or an ErrInvalid naming field.
+func secondsField(field string, v int64, zeroOK bool) (time.Duration, error) {
+	if v < 0 || (v == 0 && !zeroOK) || v > maxSeconds {
+		want := "a positive"
+		if zeroOK {
+			want = "a non-negative"
+		}
+		return 0, fmt.Errorf("%s must be %s number of seconds, at most %d: %w", field, want, maxSeconds, errdefs.ErrInvalid)
+	}
+	return time.Duration(v) * time.Second, nil
+}
 
 // maxBody bounds every JSON request body.
 const maxBody = 1 << 20

@@ -2,11 +2,8 @@ package api
 
 import (
 	"context"
-	"fmt"
 	"net/http"
-	"time"
 
-	"github.com/nookhq/nook/internal/errdefs"
 	"github.com/nookhq/nook/internal/sandbox"
 )
 
@@ -37,11 +34,12 @@ func (s *Server) createBackup(w http.ResponseWriter, r *http.Request) {
 	}
 	o := sandbox.BackupOptions{Dir: body.Dir, Name: body.Name, Excludes: body.Excludes, Gitignore: body.Gitignore}
 	if body.TTL != nil {
-		if *body.TTL <= 0 {
-			s.fail(w, r, fmt.Errorf("ttl must be a positive number of seconds: %w", errdefs.ErrInvalid))
+		secs, err := secondsField("ttl", *body.TTL, false)
+		if err != nil {
+			s.fail(w, r, err)
 			return
 		}
-		o.TTL = time.Duration(*body.TTL) * time.Second
+		o.TTL = secs
 	}
 	b, err := s.Sandboxes.CreateBackup(context.WithoutCancel(r.Context()), r.PathValue("id"), o)
 	if err != nil {

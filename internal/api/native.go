@@ -128,11 +128,12 @@ func (s *Server) nativeGetSandbox(w http.ResponseWriter, r *http.Request) {
 	var o native.GetOptions
 	o.Template, o.EnvVars = body.Template, body.EnvVars
 	if body.Timeout != nil {
-		if *body.Timeout <= 0 {
-			s.fail(w, r, fmt.Errorf("timeout must be a positive number of seconds: %w", errdefs.ErrInvalid))
+		secs, err := secondsField("timeout", *body.Timeout, false)
+		if err != nil {
+			s.fail(w, r, err)
 			return
 		}
-		o.Timeout = time.Duration(*body.Timeout) * time.Second
+		o.Timeout = secs
 	}
 	sb, created, err := s.Native.GetSandbox(r.Context(), r.PathValue("ns"), r.PathValue("name"), o)
 	if err != nil {

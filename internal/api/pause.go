@@ -123,11 +123,12 @@ func (s *Server) connectOrResume(w http.ResponseWriter, r *http.Request, strict 
 	}
 	var d time.Duration
 	if body.Timeout != nil {
-		if *body.Timeout < 0 {
-			s.fail(w, r, fmt.Errorf("timeout must not be negative: %w", errdefs.ErrInvalid))
+		secs, err := secondsField("timeout", *body.Timeout, true)
+		if err != nil {
+			s.fail(w, r, err)
 			return
 		}
-		d = time.Duration(*body.Timeout) * time.Second
+		d = secs
 	} else if strict {
 		d = 15 * time.Second // E2B's ResumedSandbox default
 	}

@@ -118,11 +118,12 @@ func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request) {
 	}
 	var timeout time.Duration
 	if body.Timeout != nil {
-		if *body.Timeout <= 0 {
-			s.fail(w, r, fmt.Errorf("timeout must be a positive number of seconds: %w", errdefs.ErrInvalid))
+		secs, err := secondsField("timeout", *body.Timeout, false)
+		if err != nil {
+			s.fail(w, r, err)
 			return
 		}
-		timeout = time.Duration(*body.Timeout) * time.Second
+		timeout = secs
 	}
 	// A client that goes away must not leave a half-made sandbox; the
 	// manager cleans up on its own context, so let the create finish.
@@ -169,10 +170,7 @@ func seconds(w http.ResponseWriter, r *http.Request, field string) (time.Duratio
 	if v == nil {
 		return 0, fmt.Errorf("%s is required: %w", field, errdefs.ErrInvalid)
 	}
-	if *v < 0 {
-		return 0, fmt.Errorf("%s must not be negative: %w", field, errdefs.ErrInvalid)
-	}
-	return time.Duration(*v) * time.Second, nil
+	return secondsField(field, *v, true)
 }
 
 func (s *Server) setTimeout(w http.ResponseWriter, r *http.Request) {

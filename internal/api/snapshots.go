@@ -194,11 +194,12 @@ func (s *Server) clone(w http.ResponseWriter, r *http.Request, defTimeout time.D
 		count = *body.Count
 	}
 	if body.Timeout != nil {
-		if *body.Timeout <= 0 {
-			s.fail(w, r, fmt.Errorf("timeout must be a positive number of seconds: %w", errdefs.ErrInvalid))
+		secs, err := secondsField("timeout", *body.Timeout, false)
+		if err != nil {
+			s.fail(w, r, err)
 			return
 		}
-		timeout = time.Duration(*body.Timeout) * time.Second
+		timeout = secs
 	}
 	res, err := s.Sandboxes.Clone(context.WithoutCancel(r.Context()), r.PathValue("id"), count, timeout)
 	if err != nil {

@@ -122,6 +122,9 @@ type Config struct {
 type Manager struct {
 	cfg    Config
 	runDir string
+	// logDir holds PID 1's output of each sandbox; it is never mounted into
+	// a sandbox (the run dir is, and its root could plant symlinks there).
+	logDir string
 	pool   *pool
 
 	ops       opLocks // one pause/resume/kill of a sandbox at a time (pause.go)
@@ -146,9 +149,12 @@ func NewManager(cfg Config) (*Manager, error) {
 	if _, err := os.Stat(cfg.AgentPath); err != nil {
 		return nil, fmt.Errorf("agent binary: %w", err)
 	}
-	m := &Manager{cfg: cfg, runDir: filepath.Join(cfg.DataDir, "run"), live: map[string]*live{}}
+	m := &Manager{cfg: cfg, runDir: filepath.Join(cfg.DataDir, "run"), logDir: filepath.Join(cfg.DataDir, "logs"), live: map[string]*live{}}
 	m.pool = newPool(m, cfg.PoolSize)
 	if err := os.MkdirAll(m.runDir, 0o711); err != nil {
+		return nil, err
+	}
+	if err := os.MkdirAll(m.logDir, 0o700); err != nil {
 		return nil, err
 	}
 	return m, nil
@@ -188,6 +194,8 @@ func ValidateEnv(env map[string]string) error {
 	}
 	return nil
 }
+
+func (m *Manager) logPath(id string) string { return filepath.Join(m.logDir, id+".log") }
 
 func (m *Manager) socketPath(id string) string {
 	return filepath.Join(m.runDir, id, agentwire.SocketName)
@@ -318,7 +326,7 @@ func (m *Manager) bootFrom(ctx context.Context, id string, tpl template.Template
 			{Source: m.cfg.AgentPath, Target: agentwire.AgentPath, ReadOnly: true},
 			{Source: runDir, Target: agentwire.RunDir},
 		},
-		LogPath: filepath.Join(runDir, "console.log"),
+		LogPath: m.logPath(id),
 	}
 	if tpl.CodeInterpreter && m.cfg.InterpPath != "" {
 		spec.Mounts = append(spec.Mounts, runtime.Mount{Source: m.cfg.InterpPath, Target: agentwire.InterpPath, ReadOnly: true})
@@ -529,6 +537,9 @@ func (m *Manager) cleanup(ctx context.Context, id string) error {
 		}
 	}
 	if err := os.RemoveAll(filepath.Join(m.runDir, id)); err != nil {
+		return err
+	}
+	if err := os.Remove(m.logPath(id)); err != nil && !os.IsNotExist(err) {
 		return err
 	}
 	if err := m.removePaused(id); err != nil {
