@@ -475,6 +475,37 @@ for p in paths:
 		}
 		t.Logf("sandbox %s interfaces %v, gateway %q", a, links, gw)
 	})
+
+	t.Run("SandboxesCannotReachEachOther", func(t *testing.T) {
+		ipOf := func(id string) string {
+			return strings.TrimSpace(mustRun(t, id, "root", "ip -4 -o addr show scope global | awk '{print $4; exit}' | cut -d/ -f1"))
+		}
+		ipB := ipOf(b)
+		mustRun(t, b, "user", "nohup python3 -m http.server 8099 --bind 0.0.0.0 >/dev/null 2>&1 &")
+		// Positive control: B's server answers on loopback (and on its own
+		// address, if it has one).
+		up := false
+		for i := 0; i < 50 && !up; i++ {
+			up = runAs(t, b, "user", "curl -sS -m 3 -o /dev/null http://127.0.0.1:8099/", time.Minute).Code == 0
+			if !up {
+				time.Sleep(200 * time.Millisecond)
+			}
+		}
+		if !up {
+			t.Fatalf("sandbox %s: its HTTP server on 8099 never answered", b)
+		}
+		if ipB == "" {
+			t.Logf("sandboxes have no network address (loopback only); %s's loopback is its own", b)
+			mustFail(t, a, "root", "reach another sandbox's loopback server", "curl -sS -m 3 -o /dev/null http://127.0.0.1:8099/")
+			return
+		}
+		if r := runAs(t, b, "user", "curl -sS -m 3 -o /dev/null http://"+ipB+":8099/", time.Minute); r.Code != 0 {
+			t.Logf("sandbox %s cannot reach its own address %s: %s", b, ipB, r)
+		}
+		mustFail(t, a, "root", "reach another sandbox over the bridge", "curl -sS -m 3 -o /dev/null http://"+ipB+":8099/")
+		mustFail(t, a, "user", "reach another sandbox over the bridge", "curl -sS -m 3 -o /dev/null http://"+ipB+":8099/")
+		mustFail(t, a, "root", "reach the metadata range", "curl -sS -m 3 -o /dev/null http://169.254.169.254/")
+	})
 }
 
 // statusField returns the value of key in /proc/PID/status text.
@@ -570,4 +601,42 @@ func TestAgentSocketSymlinkIsNotFollowed(t *testing.T) {
 	if _, err := os.Stat(sock); err != nil {
 		t.Errorf("the host socket %s is gone after the sandbox was killed: %v", sock, err)
 	}
+}
+
+// TestConsoleLogSymlinkIsNotFollowedOnResume: PID 1's output goes to
+// console.log in the sandbox's run dir, a host directory that root inside
+// the sandbox can write. When nook (host root) opens that file again — on
+// resume after a pause — it must not follow a symlink the sandbox put
+// there, or a sandbox can create or append to any host file as root (with
+// its start command's output: arbitrary content for a custom template).
+func TestConsoleLogSymlinkIsNotFollowedOnResume(t *testing.T) {
+	id := createSandbox(t)
+	target := filepath.Join(t.TempDir(), "created-by-nook")
+	mustRun(t, id, "root", "rm -f /.nook/run/console.log && ln -s "+shellQuote(target)+" /.nook/run/console.log && test -L /.nook/run/console.log")
+	r := api(t, "POST", "/sandboxes/"+id+"/pause", nil)
+	if r.Status == http.StatusNotFound || r.Status == http.StatusMethodNotAllowed {
+		if !strings.HasPrefix(r.Header.Get("Content-Type"), "application/json") {
+			t.Skipf("this nook has no pause: %s", r)
+		}
+	}
+	if r.Status != http.StatusNoContent && r.Status != http.StatusOK {
+		t.Fatalf("POST /sandboxes/%s/pause: %s", id, r)
+	}
+	r = api(t, "POST", "/sandboxes/"+id+"/resume", []byte(`{"timeout":300}`))
+	if r.Status != http.StatusCreated && r.Status != http.StatusOK {
+		r = api(t, "POST", "/sandboxes/"+id+"/connect", []byte(`{"timeout":300}`))
+	}
+	if r.Status != http.StatusCreated && r.Status != http.StatusOK {
+		t.Fatalf("resume sandbox %s: %s", id, r)
+	}
+	if data, err := os.ReadFile(target); err == nil {
+		t.Errorf("SECURITY: after root in sandbox %s replaced /.nook/run/console.log with a symlink to the host path %s, "+
+			"pause and resume made nook serve (host root) create that host file and write the sandbox's output into it: %q",
+			id, target, clip(string(data)))
+	}
+	if got := strings.TrimSpace(mustRun(t, id, "user", "echo resumed")); got != "resumed" {
+		t.Errorf("sandbox %s after resume: %q", id, got)
+	}
+	killSandbox(t, id)
+	requireNoLeftovers(t, id)
 }

