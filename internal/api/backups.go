@@ -70,7 +70,7 @@ func (s *Server) listBackups(w http.ResponseWriter, r *http.Request) {
 func (s *Server) getBackup(w http.ResponseWriter, r *http.Request) {
 	b, err := s.Sandboxes.GetBackup(r.PathValue("bid"))
 	if err == nil && r.URL.Query().Get("verify") == "true" {
-		err = s.Sandboxes.VerifyBackup(b)
+		err = s.Sandboxes.VerifyBackup(r.Context(), b)
 	}
 	if err != nil {
 		s.failStored(w, r, err)

@@ -144,8 +144,14 @@ func (s *Server) getSnapshot(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, snap)
 }
 
+// deleteSnapshot serves DELETE /v1/snapshots/{sid} and, for E2B's
+// Sandbox.deleteSnapshot, DELETE /templates/{id} with a snapshot's id.
 func (s *Server) deleteSnapshot(w http.ResponseWriter, r *http.Request) {
-	if err := s.Sandboxes.DeleteSnapshot(r.PathValue("sid")); err != nil {
+	id := r.PathValue("sid")
+	if id == "" {
+		id = r.PathValue("id")
+	}
+	if err := s.Sandboxes.DeleteSnapshot(id); err != nil {
 		s.fail(w, r, err)
 		return
 	}

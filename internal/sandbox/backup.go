@@ -10,6 +10,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
 	"path"
 	"path/filepath"
@@ -19,6 +20,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/nookhq/nook/internal/backupstore"
 	"github.com/nookhq/nook/internal/errdefs"
 	"github.com/nookhq/nook/internal/runtime"
 	"github.com/nookhq/nook/internal/store"
@@ -47,6 +49,9 @@ type Backup struct {
 	Digest    string     `json:"digest"` // sha256 of the archive
 	CreatedAt time.Time  `json:"createdAt"`
 	ExpiresAt *time.Time `json:"expiresAt,omitempty"`
+	// Remote is where the copy in the backup bucket is (endpoint/bucket/id;
+	// no credentials), when one was configured at the backup's creation.
+	Remote string `json:"remote,omitempty"`
 }
 
 // BackupOptions are what a caller chooses for a backup (Cloudflare's
@@ -60,8 +65,37 @@ type BackupOptions struct {
 }
 
 func (m *Manager) backupRoot() string { return filepath.Join(m.cfg.DataDir, "backups") }
-func (m *Manager) backupPath(id string) string {
-	return filepath.Join(m.backupRoot(), id+".tar.gz")
+
+// localBackups is nook's own store of archives: DATA/backups/ID.tar.gz.
+func (m *Manager) localBackups() backupstore.Dir {
+	return backupstore.Dir{Path: m.backupRoot(), Suffix: ".tar.gz"}
+}
+
+func (m *Manager) backupPath(id string) string { return m.localBackups().File(id) }
+
+// remoteOf is the remote store holding b's copy, nil when b has none or no
+// remote store is configured now.
+func (m *Manager) remoteOf(b Backup) backupstore.Store {
+	if b.Remote == "" || m.cfg.BackupRemote == nil {
+		return nil
+	}
+	return m.cfg.BackupRemote
+}
+
+// deleteRemote deletes b's copy in the backup bucket.
+func (m *Manager) deleteRemote(ctx context.Context, b Backup) error {
+	if b.Remote == "" {
+		return nil
+	}
+	r := m.remoteOf(b)
+	if r == nil {
+		m.cfg.Log.Warn("backup bucket not configured; its copy of the backup stays", "backup", b.ID, "remote", b.Remote)
+		return nil
+	}
+	if err := r.Delete(ctx, b.ID); err != nil {
+		return fmt.Errorf("backup %q: deleting its copy in the backup bucket: %v: %w", b.ID, err, errdefs.ErrUnavailable)
+	}
+	return nil
 }
 
 // GetBackup returns a backup by id.
@@ -100,9 +134,15 @@ func (m *Manager) ListBackups(sandboxID string) ([]Backup, error) {
 	return out, nil
 }
 
-// DeleteBackup removes a backup and its archive.
+// DeleteBackup removes a backup, its archive and its copy in the backup
+// bucket. When the bucket cannot be reached the backup is kept (503) so
+// the delete can be retried.
 func (m *Manager) DeleteBackup(id string) error {
-	if _, err := m.GetBackup(id); err != nil {
+	b, err := m.GetBackup(id)
+	if err != nil {
+		return err
+	}
+	if err := m.deleteRemote(context.Background(), b); err != nil {
 		return err
 	}
 	if err := m.cfg.Store.Delete(backupBucket, id); err != nil {
@@ -167,7 +207,9 @@ func openIn(dirfd int, rel string, flags uint64) (int, error) {
 // CreateBackup archives directory o.Dir of running sandbox id. The
 // sandbox's processes are frozen while it is read, so the archive is one
 // consistent picture; the archive is written to a temporary file, flushed
-// and renamed, and only then recorded.
+// and renamed, then copied to the backup bucket when one is configured
+// (object key = backup id, sha256 in its metadata), and only then
+// recorded.
 func (m *Manager) CreateBackup(ctx context.Context, id string, o BackupOptions) (Backup, error) {
 	dir, err := cleanDir(o.Dir)
 	if err != nil {
@@ -186,11 +228,7 @@ func (m *Manager) CreateBackup(ctx context.Context, id string, o BackupOptions) 
 	if !ValidID(id) {
 		return Backup{}, fmt.Errorf("sandbox id %q: %w", id, errdefs.ErrInvalid)
 	}
-	defer m.ops.lock(id)()
 	ctx = context.WithoutCancel(ctx)
-	if err := os.MkdirAll(m.backupRoot(), 0o700); err != nil {
-		return Backup{}, err
-	}
 	b := Backup{
 		ID: "bk-" + newID()[1:], Name: o.Name, SandboxID: id, Dir: dir, Excludes: o.Excludes,
 		Gitignore: o.Gitignore, CreatedAt: time.Now().UTC(),
@@ -199,68 +237,98 @@ func (m *Manager) CreateBackup(ctx context.Context, id string, o BackupOptions) 
 		t := b.CreatedAt.Add(o.TTL)
 		b.ExpiresAt = &t
 	}
-	rootFD, done, err := m.frozenRoot(ctx, id)
-	if err != nil {
+	if err := m.writeArchive(ctx, id, &b, excl); err != nil {
 		return Backup{}, err
 	}
-	tmp := m.backupPath(b.ID) + ".tmp"
-	err = func() error {
-		defer done()
-		dirFD, err := openIn(rootFD, dir, unix.O_RDONLY|unix.O_DIRECTORY)
-		if err != nil {
-			return fmt.Errorf("dir %q in sandbox %s: %v: %w", dir, id, err, errdefs.ErrInvalid)
-		}
-		defer unix.Close(dirFD)
-		f, err := os.OpenFile(tmp, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o600)
-		if err != nil {
-			return err
-		}
-		defer f.Close()
-		h := sha256.New()
-		bw := bufio.NewWriterSize(io.MultiWriter(f, h), 1<<20)
-		zw, _ := gzip.NewWriterLevel(bw, gzip.BestSpeed)
-		tw := tar.NewWriter(zw)
-		w := &archiver{tw: tw, excl: excl, gitignore: o.Gitignore, top: dir == "/"}
-		if err := w.walk(dirFD, "", nil); err != nil {
-			return err
-		}
-		b.Files = w.files
-		for _, c := range []io.Closer{tw, zw} {
-			if err := c.Close(); err != nil {
+	// The sandbox runs on while the copy goes to the bucket.
+	if r := m.cfg.BackupRemote; r != nil {
+		start := time.Now()
+		err := func() error {
+			f, err := os.Open(m.backupPath(b.ID))
+			if err != nil {
 				return err
 			}
-		}
-		if err := bw.Flush(); err != nil {
-			return err
-		}
-		if err := f.Sync(); err != nil {
-			return err
-		}
-		st, err := f.Stat()
+			defer f.Close()
+			return r.Put(ctx, b.ID, f, b.SizeBytes, b.Digest)
+		}()
 		if err != nil {
-			return err
+			os.Remove(m.backupPath(b.ID))
+			return Backup{}, fmt.Errorf("backup of sandbox %s: copying it to the backup bucket failed (nothing was kept): %v: %w", id, err, errdefs.ErrUnavailable)
 		}
-		b.SizeBytes = st.Size()
-		b.Digest = hex.EncodeToString(h.Sum(nil))
-		return f.Close()
-	}()
-	if err != nil {
-		os.Remove(tmp)
-		return Backup{}, err
-	}
-	if err := os.Rename(tmp, m.backupPath(b.ID)); err != nil {
-		os.Remove(tmp)
-		return Backup{}, err
-	}
-	if err := syncDir(m.backupRoot()); err != nil {
-		return Backup{}, err
+		b.Remote = r.String() + "/" + b.ID
+		m.cfg.Log.Info("backup uploaded", "backup", b.ID, "remote", b.Remote, "bytes", b.SizeBytes, "took", time.Since(start).Round(time.Millisecond))
 	}
 	if err := m.cfg.Store.Put(backupBucket, b.ID, b); err != nil {
 		os.Remove(m.backupPath(b.ID))
+		if r := m.remoteOf(b); r != nil {
+			r.Delete(ctx, b.ID)
+		}
 		return Backup{}, err
 	}
 	m.cfg.Log.Info("backup created", "backup", b.ID, "sandbox", id, "dir", dir, "files", b.Files, "bytes", b.SizeBytes)
 	return b, nil
+}
+
+// writeArchive archives b.Dir of sandbox id, frozen meanwhile, into the
+// local store (through a temporary file, flushed and renamed) and fills in
+// b's size, file count and digest.
+func (m *Manager) writeArchive(ctx context.Context, id string, b *Backup, excl *ignorer) error {
+	defer m.ops.lock(id)()
+	rootFD, done, err := m.frozenRoot(ctx, id)
+	if err != nil {
+		return err
+	}
+	h := sha256.New()
+	var size countWriter
+	pr, pw := io.Pipe()
+	walked := make(chan error, 1)
+	go func() {
+		err := func() error {
+			defer done()
+			dirFD, err := openIn(rootFD, b.Dir, unix.O_RDONLY|unix.O_DIRECTORY)
+			if err != nil {
+				return fmt.Errorf("dir %q in sandbox %s: %v: %w", b.Dir, id, err, errdefs.ErrInvalid)
+			}
+			defer unix.Close(dirFD)
+			bw := bufio.NewWriterSize(io.MultiWriter(pw, h, &size), 1<<20)
+			zw, _ := gzip.NewWriterLevel(bw, gzip.BestSpeed)
+			tw := tar.NewWriter(zw)
+			w := &archiver{tw: tw, excl: excl, gitignore: b.Gitignore, top: b.Dir == "/"}
+			if err := w.walk(dirFD, "", nil); err != nil {
+				return err
+			}
+			b.Files = w.files
+			for _, c := range []io.Closer{tw, zw} {
+				if err := c.Close(); err != nil {
+					return err
+				}
+			}
+			return bw.Flush()
+		}()
+		pw.CloseWithError(err) // nil: the reader sees EOF
+		walked <- err
+	}()
+	local := m.localBackups()
+	err = local.Put(ctx, b.ID, pr, -1, "")
+	// Unblock the archiver if the store stopped reading early.
+	pr.CloseWithError(errors.New("backup store failed"))
+	if werr := <-walked; werr != nil {
+		err = werr
+	}
+	if err != nil {
+		local.Delete(ctx, b.ID)
+		return err
+	}
+	b.SizeBytes = int64(size)
+	b.Digest = hex.EncodeToString(h.Sum(nil))
+	return nil
+}
+
+type countWriter int64
+
+func (c *countWriter) Write(p []byte) (int, error) {
+	*c += countWriter(len(p))
+	return len(p), nil
 }
 
 // archiver writes a directory tree, read through file descriptors that
@@ -483,28 +551,131 @@ func globMatch(pat, name string) bool {
 	return false
 }
 
-// VerifyBackup checks a backup's archive against its recorded digest.
-func (m *Manager) VerifyBackup(b Backup) error {
-	f, err := os.Open(m.backupPath(b.ID))
-	if err != nil {
+// VerifyBackup checks a backup's archive against its recorded digest: the
+// local copy when there is one, and the copy in the backup bucket when
+// there is one.
+func (m *Manager) VerifyBackup(ctx context.Context, b Backup) error {
+	checked := false
+	if f, err := os.Open(m.backupPath(b.ID)); err == nil {
+		err = checkDigest(b, f, "archive")
+		f.Close()
+		if err != nil {
+			return err
+		}
+		checked = true
+	} else if !errors.Is(err, fs.ErrNotExist) {
 		return fmt.Errorf("backup %q: archive unreadable: %v: %w", b.ID, err, ErrCorrupt)
 	}
-	defer f.Close()
-	h := sha256.New()
-	if _, err := io.Copy(h, f); err != nil {
-		return fmt.Errorf("backup %q: archive unreadable: %v: %w", b.ID, err, ErrCorrupt)
+	if r := m.remoteOf(b); r != nil {
+		rc, err := r.Get(ctx, b.ID)
+		if err != nil {
+			return m.remoteReadError(b, err)
+		}
+		err = checkDigest(b, rc, "copy in the backup bucket")
+		rc.Close()
+		if err != nil {
+			return err
+		}
+		checked = true
 	}
-	if got := hex.EncodeToString(h.Sum(nil)); got != b.Digest {
-		return fmt.Errorf("backup %q is corrupted: archive sha256 %s, recorded %s; refusing to restore it: %w", b.ID, got, b.Digest, ErrCorrupt)
+	if !checked {
+		return fmt.Errorf("backup %q: archive missing: %w", b.ID, ErrCorrupt)
 	}
 	return nil
+}
+
+// remoteReadError is the error for a failed read of b's copy in the bucket.
+func (m *Manager) remoteReadError(b Backup, err error) error {
+	if errors.Is(err, backupstore.ErrNotFound) {
+		return fmt.Errorf("backup %q: its archive is missing here and in the backup bucket: %w", b.ID, ErrCorrupt)
+	}
+	return fmt.Errorf("backup %q: reading its copy in the backup bucket: %v: %w", b.ID, err, errdefs.ErrUnavailable)
+}
+
+// checkDigest reads r to its end and compares its sha256 with b's.
+func checkDigest(b Backup, r io.Reader, what string) error {
+	h := sha256.New()
+	if _, err := io.Copy(h, r); err != nil {
+		return fmt.Errorf("backup %q: %s unreadable: %v: %w", b.ID, what, err, ErrCorrupt)
+	}
+	if got := hex.EncodeToString(h.Sum(nil)); got != b.Digest {
+		return fmt.Errorf("backup %q is corrupted: %s sha256 %s, recorded %s; refusing to restore it: %w", b.ID, what, got, b.Digest, ErrCorrupt)
+	}
+	return nil
+}
+
+// openBackup opens b's archive, checked against its digest: the local
+// copy, or, when that is gone, the copy in the backup bucket, fetched into
+// the local store (to a temporary file, checked, then renamed into place).
+func (m *Manager) openBackup(ctx context.Context, b Backup) (*os.File, error) {
+	f, err := os.Open(m.backupPath(b.ID))
+	if errors.Is(err, fs.ErrNotExist) {
+		if r := m.remoteOf(b); r != nil {
+			return m.fetchBackup(ctx, r, b)
+		}
+		return nil, fmt.Errorf("backup %q: archive missing: %w", b.ID, ErrCorrupt)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("backup %q: archive unreadable: %v: %w", b.ID, err, ErrCorrupt)
+	}
+	if err := checkDigest(b, f, "archive"); err != nil {
+		f.Close()
+		return nil, err
+	}
+	if _, err := f.Seek(0, io.SeekStart); err != nil {
+		f.Close()
+		return nil, err
+	}
+	return f, nil
+}
+
+func (m *Manager) fetchBackup(ctx context.Context, r backupstore.Store, b Backup) (*os.File, error) {
+	start := time.Now()
+	rc, err := r.Get(ctx, b.ID)
+	if err != nil {
+		return nil, m.remoteReadError(b, err)
+	}
+	defer rc.Close()
+	if err := os.MkdirAll(m.backupRoot(), 0o700); err != nil {
+		return nil, err
+	}
+	// A name of its own: several restores may fetch the same backup.
+	tmp, err := os.CreateTemp(m.backupRoot(), b.ID+".tar.gz.*.tmp")
+	if err != nil {
+		return nil, err
+	}
+	fail := func(err error) (*os.File, error) {
+		tmp.Close()
+		os.Remove(tmp.Name())
+		return nil, err
+	}
+	h := sha256.New()
+	if _, err := io.Copy(io.MultiWriter(tmp, h), rc); err != nil {
+		return fail(fmt.Errorf("backup %q: downloading its copy from the backup bucket: %v: %w", b.ID, err, errdefs.ErrUnavailable))
+	}
+	if got := hex.EncodeToString(h.Sum(nil)); got != b.Digest {
+		return fail(fmt.Errorf("backup %q is corrupted: copy in the backup bucket has sha256 %s, recorded %s; refusing to restore it: %w", b.ID, got, b.Digest, ErrCorrupt))
+	}
+	if err := tmp.Sync(); err != nil {
+		return fail(err)
+	}
+	if err := os.Rename(tmp.Name(), m.backupPath(b.ID)); err != nil {
+		return fail(err)
+	}
+	syncDir(m.backupRoot())
+	if _, err := tmp.Seek(0, io.SeekStart); err != nil {
+		return fail(err)
+	}
+	m.cfg.Log.Info("backup fetched from the backup bucket", "backup", b.ID, "bytes", b.SizeBytes, "took", time.Since(start).Round(time.Millisecond))
+	return tmp, nil
 }
 
 // RestoreBackup extracts backup backupID into directory dir (the backup's
 // own dir when empty) of running sandbox id, which may be another sandbox
 // than the one backed up. Files in the archive replace those at the same
-// paths; other files stay. The archive is checked against its digest first
-// and refused when it does not match.
+// paths; other files stay. The archive (local, or from the backup bucket
+// when the local copy is gone) is checked against its digest first and
+// refused when it does not match.
 func (m *Manager) RestoreBackup(ctx context.Context, backupID, id, dir string) (Backup, error) {
 	b, err := m.GetBackup(backupID)
 	if err != nil {
@@ -516,14 +687,19 @@ func (m *Manager) RestoreBackup(ctx context.Context, backupID, id, dir string) (
 	if dir, err = cleanDir(dir); err != nil {
 		return b, err
 	}
-	if err := m.VerifyBackup(b); err != nil {
-		return b, err
-	}
 	if !ValidID(id) {
 		return b, fmt.Errorf("sandbox id %q: %w", id, errdefs.ErrInvalid)
 	}
-	defer m.ops.lock(id)()
+	if _, err := m.lookup(id); err != nil {
+		return b, err
+	}
 	ctx = context.WithoutCancel(ctx)
+	f, err := m.openBackup(ctx, b)
+	if err != nil {
+		return b, err
+	}
+	defer f.Close()
+	defer m.ops.lock(id)()
 	rootFD, done, err := m.frozenRoot(ctx, id)
 	if err != nil {
 		return b, err
@@ -534,11 +710,6 @@ func (m *Manager) RestoreBackup(ctx context.Context, backupID, id, dir string) (
 		return b, fmt.Errorf("dir %q in sandbox %s: %w", dir, id, err)
 	}
 	defer unix.Close(dirFD)
-	f, err := os.Open(m.backupPath(b.ID))
-	if err != nil {
-		return b, err
-	}
-	defer f.Close()
 	zr, err := gzip.NewReader(bufio.NewReaderSize(f, 1<<20))
 	if err != nil {
 		return b, fmt.Errorf("backup %q: %v: %w", b.ID, err, ErrCorrupt)
@@ -695,8 +866,14 @@ func (m *Manager) sweepBackupsOnce(startup bool) {
 	for _, b := range all {
 		if b.ExpiresAt != nil && !b.ExpiresAt.After(now) {
 			m.cfg.Log.Info("backup expired; deleting it", "backup", b.ID)
-			m.cfg.Store.Delete(backupBucket, b.ID)
 			os.Remove(m.backupPath(b.ID))
+			// The record stays until the bucket's copy is gone: the next
+			// sweep tries again.
+			if err := m.deleteRemote(context.Background(), b); err != nil {
+				m.cfg.Log.Warn("expired backup: will retry", "backup", b.ID, "err", err)
+				continue
+			}
+			m.cfg.Store.Delete(backupBucket, b.ID)
 			continue
 		}
 		known[b.ID+".tar.gz"] = true

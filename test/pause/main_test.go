@@ -68,6 +68,8 @@ func testMain(m *testing.M) int {
 			return 1
 		}
 	}
+	stopS3 := startFakeS3() // s3_test.go
+	defer stopS3()
 	srv = &server{logPath: filepath.Join(binDir, "serve.log")}
 	if err := srv.start(); err != nil {
 		fmt.Fprintln(os.Stderr, "FAIL: start nook serve:", err)
@@ -117,6 +119,7 @@ func (s *server) start() error {
 	}
 	cmd.Stdout, cmd.Stderr = logf, logf
 	cmd.Env = os.Environ()
+	cmd.Args, cmd.Env = append(cmd.Args, s3Args()...), append(cmd.Env, s3Env()...)
 	if os.Getenv("NOOK_ROOTFS_CACHE") == "" {
 		cmd.Env = append(cmd.Env, "NOOK_ROOTFS_CACHE=/var/lib/nook-rootfs-cache")
 	}
