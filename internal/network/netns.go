@@ -6,11 +6,16 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"os/exec"
+	"path/filepath"
 	goruntime "runtime"
+	"syscall"
 
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
+
+	"github.com/nookhq/nook/internal/runtime"
 )
 
 // ensureBridge makes the bridge with the gateway address (and only it).
@@ -60,14 +65,73 @@ func ipnet(p netip.Prefix) *net.IPNet {
 	return &net.IPNet{IP: net.IP(p.Addr().AsSlice()), Mask: net.CIDRMask(p.Bits(), p.Addr().BitLen())}
 }
 
+// userNSPath is where the user namespace owning the network namespace
+// pinned at netPath is pinned: DIR/userns/ID beside DIR/netns/ID.
+func userNSPath(netPath string) string {
+	return filepath.Join(filepath.Dir(filepath.Dir(netPath)), "userns", filepath.Base(netPath))
+}
+
 // newNetns creates a network namespace pinned at path (a bind mount of its
-// nsfs file), owned by the host's user namespace, with IPv6 disabled.
+// nsfs file), owned by a new user namespace with the sandboxes' id mapping,
+// pinned at userNSPath(path). The sandbox joins both: its root then mounts
+// its own sysfs, `runc exec` can enter the sandbox (runc joins the user
+// namespace first, and a network namespace the host's user namespace owns
+// cannot be joined from inside it), and the sandbox still cannot change its
+// network: it has no CAP_NET_ADMIN. IPv6 is disabled inside.
 func newNetns(path string) (err error) {
-	f, err := os.OpenFile(path, os.O_CREATE|os.O_EXCL|os.O_RDONLY, 0o444)
+	upath := userNSPath(path)
+	if err := os.MkdirAll(filepath.Dir(upath), 0o700); err != nil {
+		return err
+	}
+	// A holder process unshares both namespaces (a multithreaded Go
+	// process cannot make a user namespace itself); they are pinned by
+	// bind mounts, then it exits.
+	holder := exec.Command("/bin/cat")
+	stdin, err := holder.StdinPipe()
 	if err != nil {
 		return err
 	}
-	f.Close()
+	holder.SysProcAttr = &syscall.SysProcAttr{
+		Cloneflags:  unix.CLONE_NEWUSER | unix.CLONE_NEWNET,
+		UidMappings: []syscall.SysProcIDMap{{ContainerID: 0, HostID: runtime.HostUIDBase, Size: runtime.IDMapSize}},
+		GidMappings: []syscall.SysProcIDMap{{ContainerID: 0, HostID: runtime.HostUIDBase, Size: runtime.IDMapSize}},
+		// Sandbox processes call setgroups (the agent runs commands as
+		// users with supplementary groups): keep it allowed.
+		GidMappingsEnableSetgroups: true,
+		Pdeathsig:                  unix.SIGKILL,
+	}
+	if err := holder.Start(); err != nil {
+		return fmt.Errorf("namespace holder: %w", err)
+	}
+	defer func() {
+		stdin.Close()
+		holder.Wait()
+		if err != nil {
+			removeNetns(path)
+		}
+	}()
+	for _, pin := range []struct{ ns, at string }{{"user", upath}, {"net", path}} {
+		f, err := os.OpenFile(pin.at, os.O_CREATE|os.O_EXCL|os.O_RDONLY, 0o444)
+		if err != nil {
+			return err
+		}
+		f.Close()
+		src := fmt.Sprintf("/proc/%d/ns/%s", holder.Process.Pid, pin.ns)
+		if err := unix.Mount(src, pin.at, "", unix.MS_BIND, ""); err != nil {
+			return fmt.Errorf("pin %s namespace: %w", pin.ns, err)
+		}
+	}
+	return disableIPv6(path)
+}
+
+// disableIPv6 turns IPv6 off inside the network namespace at path, from a
+// thread that enters it for the purpose.
+func disableIPv6(path string) error {
+	ns, err := netns.GetFromPath(path)
+	if err != nil {
+		return err
+	}
+	defer ns.Close()
 	errc := make(chan error, 1)
 	go func() {
 		goruntime.LockOSThread()
@@ -78,44 +142,42 @@ func newNetns(path string) (err error) {
 			return
 		}
 		defer orig.Close()
-		if err := unix.Unshare(unix.CLONE_NEWNET); err != nil {
+		if err := netns.Set(ns); err != nil {
 			goruntime.UnlockOSThread()
-			errc <- fmt.Errorf("unshare netns: %w", err)
+			errc <- err
 			return
 		}
-		tid := unix.Gettid()
-		err = unix.Mount(fmt.Sprintf("/proc/self/task/%d/ns/net", tid), path, "", unix.MS_BIND, "")
-		if err == nil {
-			for _, p := range []string{"all", "default", "lo"} {
-				os.WriteFile("/proc/sys/net/ipv6/conf/"+p+"/disable_ipv6", []byte("1"), 0o644)
+		for _, p := range []string{"all", "default", "lo"} {
+			if werr := os.WriteFile("/proc/sys/net/ipv6/conf/"+p+"/disable_ipv6", []byte("1"), 0o644); werr != nil && err == nil {
+				err = werr
 			}
 		}
 		if serr := netns.Set(orig); serr != nil {
-			// This thread stays in the new namespace: let it die with
-			// the goroutine (no UnlockOSThread).
+			// This thread stays in the sandbox's namespace: let it die
+			// with the goroutine (no UnlockOSThread).
 			errc <- errors.Join(err, serr)
 			return
 		}
 		goruntime.UnlockOSThread()
 		errc <- err
 	}()
-	if err := <-errc; err != nil {
-		os.Remove(path)
-		return err
-	}
-	return nil
+	return <-errc
 }
 
-// removeNetns unpins the namespace at path; the kernel frees it (and the
-// veth end inside) once no process is in it.
+// removeNetns unpins the namespaces at path and userNSPath(path); the
+// kernel frees them (and the veth end inside) once no process is in them.
 func removeNetns(path string) error {
-	if err := unix.Unmount(path, unix.MNT_DETACH); err != nil && !errors.Is(err, unix.EINVAL) && !errors.Is(err, unix.ENOENT) {
-		return fmt.Errorf("unmount netns %s: %w", path, err)
+	var errs []error
+	for _, p := range []string{path, userNSPath(path)} {
+		if err := unix.Unmount(p, unix.MNT_DETACH); err != nil && !errors.Is(err, unix.EINVAL) && !errors.Is(err, unix.ENOENT) {
+			errs = append(errs, fmt.Errorf("unmount namespace %s: %w", p, err))
+			continue
+		}
+		if err := os.Remove(p); err != nil && !errors.Is(err, os.ErrNotExist) {
+			errs = append(errs, err)
+		}
 	}
-	if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
-		return err
-	}
-	return nil
+	return errors.Join(errs...)
 }
 
 // plumb makes the veth pair of one sandbox: hostName on the bridge

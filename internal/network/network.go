@@ -428,7 +428,8 @@ func (n *Network) Setup(ctx context.Context, id string, cfg sandbox.NetworkConfi
 		return sandbox.NetworkSetup{}, err
 	}
 	return sandbox.NetworkSetup{
-		NetNSPath: nsPath,
+		NetNSPath:  nsPath,
+		UserNSPath: userNSPath(nsPath),
 		Mounts: []runtime.Mount{
 			{Source: filepath.Join(n.dir, "resolv.conf"), Target: "/etc/resolv.conf", ReadOnly: true},
 			{Source: filepath.Join(n.dir, "ca-bundle.crt"), Target: SandboxCABundle, ReadOnly: true},
@@ -499,6 +500,23 @@ func (n *Network) Update(ctx context.Context, id string, cfg sandbox.NetworkConf
 	return n.saveState(st)
 }
 
+// Check reports whether cfg is a valid policy, without applying it.
+func (n *Network) Check(cfg sandbox.NetworkConfig) error {
+	_, err := PolicyFrom(cfg)
+	return err
+}
+
+// Current returns id's current policy as a config, secrets included.
+func (n *Network) Current(id string) (sandbox.NetworkConfig, bool) {
+	n.mu.RLock()
+	defer n.mu.RUnlock()
+	st, ok := n.sbs[id]
+	if !ok {
+		return sandbox.NetworkConfig{}, false
+	}
+	return st.Policy.Config(), true
+}
+
 // Policy returns id's current policy with secrets redacted.
 func (n *Network) Policy(id string) (Policy, bool) {
 	n.mu.RLock()
@@ -528,10 +546,12 @@ func (n *Network) Prune(keep []string) error {
 			errs = append(errs, n.teardownLocked(id))
 		}
 	}
-	entries, _ := os.ReadDir(n.nsDir)
-	for _, e := range entries {
-		if !alive[e.Name()] {
-			errs = append(errs, removeNetns(filepath.Join(n.nsDir, e.Name())))
+	for _, dir := range []string{n.nsDir, filepath.Join(n.dir, "userns")} {
+		entries, _ := os.ReadDir(dir)
+		for _, e := range entries {
+			if !alive[e.Name()] {
+				errs = append(errs, removeNetns(filepath.Join(n.nsDir, e.Name())))
+			}
 		}
 	}
 	if br, err := netlink.LinkByName(n.bridge); err == nil {
@@ -574,9 +594,11 @@ func (n *Network) Close() error {
 func Remove(dataDir string) error {
 	var errs []error
 	nsDir := filepath.Join(dataDir, "network", "netns")
-	entries, _ := os.ReadDir(nsDir)
-	for _, e := range entries {
-		errs = append(errs, delLink(vethName(e.Name())), removeNetns(filepath.Join(nsDir, e.Name())))
+	for _, dir := range []string{nsDir, filepath.Join(dataDir, "network", "userns")} {
+		entries, _ := os.ReadDir(dir)
+		for _, e := range entries {
+			errs = append(errs, delLink(vethName(e.Name())), removeNetns(filepath.Join(nsDir, e.Name())))
+		}
 	}
 	errs = append(errs, delLink(BridgeName(dataDir)))
 	if err := deleteTable(TableName(dataDir)); err != nil && !errors.Is(err, os.ErrNotExist) {

@@ -54,6 +54,9 @@ type Spec struct {
 	// NetNSPath joins an existing network namespace; empty makes a new,
 	// loopback-only one.
 	NetNSPath string
+	// UserNSPath joins an existing user namespace (with the mapping of
+	// HostUIDBase/IDMapSize) that owns NetNSPath; empty makes a new one.
+	UserNSPath string
 	// UpperFrom, when set, is a directory whose contents become the new
 	// writable layer before PID 1 starts (resume, clone, rollback).
 	UpperFrom string

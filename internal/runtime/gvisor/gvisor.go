@@ -126,7 +126,7 @@ func (d *Driver) start(ctx context.Context, s runtime.Spec, image string) (err e
 	if err != nil {
 		return err
 	}
-	s.NetNSPath = "" // runsc's own netstack, loopback only (--network=none)
+	s.NetNSPath, s.UserNSPath = "", "" // runsc's own netstack, loopback only (--network=none)
 	spec, err := runc.OCISpec(s, rootfs, filepath.Join(d.CgroupParent, s.ID))
 	if err != nil {
 		return err

@@ -2,6 +2,8 @@ package runc
 
 import (
 	"fmt"
+	"strings"
+	"sync"
 
 	"github.com/moby/profiles/seccomp"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
@@ -9,10 +11,13 @@ import (
 	"github.com/nookhq/nook/internal/runtime"
 )
 
-// defaultCaps is Docker's default capability set: the floor nook keeps.
+// defaultCaps is Docker's default capability set less CAP_NET_RAW. The
+// sandbox's network namespace belongs to its own user namespace, so raw
+// sockets would let its root forge source addresses and ARP answers on the
+// shared bridge (taking another sandbox's traffic or policy).
 var defaultCaps = []string{
 	"CAP_CHOWN", "CAP_DAC_OVERRIDE", "CAP_FSETID", "CAP_FOWNER", "CAP_MKNOD",
-	"CAP_NET_RAW", "CAP_SETGID", "CAP_SETUID", "CAP_SETFCAP", "CAP_SETPCAP",
+	"CAP_SETGID", "CAP_SETUID", "CAP_SETFCAP", "CAP_SETPCAP",
 	"CAP_NET_BIND_SERVICE", "CAP_SYS_CHROOT", "CAP_KILL", "CAP_AUDIT_WRITE",
 }
 
@@ -63,23 +68,13 @@ func ociSpec(s runtime.Spec, rootfs, cgroupsPath string) (*specs.Spec, error) {
 			CgroupsPath: cgroupsPath,
 			Namespaces: []specs.LinuxNamespace{
 				{Type: specs.PIDNamespace}, {Type: specs.IPCNamespace}, {Type: specs.UTSNamespace},
-				{Type: specs.MountNamespace}, {Type: specs.UserNamespace}, {Type: specs.CgroupNamespace},
+				{Type: specs.MountNamespace}, {Type: specs.UserNamespace, Path: s.UserNSPath}, {Type: specs.CgroupNamespace},
 				{Type: specs.NetworkNamespace, Path: s.NetNSPath},
 			},
 			MaskedPaths:   maskedPaths,
 			ReadonlyPaths: readonlyPaths,
 			Resources:     resources(s.Limits),
 		},
-	}
-	if s.NetNSPath != "" {
-		// A network namespace made outside the sandbox's user namespace
-		// belongs to the host's, and sysfs may only be mounted by its
-		// owner: bind the host's /sys recursively read-only instead.
-		for i, m := range spec.Mounts {
-			if m.Destination == "/sys" {
-				spec.Mounts[i] = specs.Mount{Destination: "/sys", Type: "bind", Source: "/sys", Options: []string{"rbind", "nosuid", "noexec", "nodev", "rro"}}
-			}
-		}
 	}
 	for _, m := range s.Mounts {
 		opts := []string{"rbind", "nosuid", "nodev"}
@@ -88,12 +83,30 @@ func ociSpec(s runtime.Spec, rootfs, cgroupsPath string) (*specs.Spec, error) {
 		}
 		spec.Mounts = append(spec.Mounts, specs.Mount{Destination: m.Target, Type: "bind", Source: m.Source, Options: opts})
 	}
-	sc, err := seccomp.GetDefaultProfile(spec)
+	sc, err := defaultSeccomp(spec)
 	if err != nil {
 		return nil, fmt.Errorf("seccomp profile: %w", err)
 	}
 	spec.Linux.Seccomp = sc
 	return spec, nil
+}
+
+// seccompCache holds Docker's default profile per capability set: it is
+// the same for every sandbox, and building it is a measurable part of a
+// create. The cached profiles are shared and never modified.
+var seccompCache sync.Map // strings.Join(caps) -> *specs.LinuxSeccomp
+
+func defaultSeccomp(spec *specs.Spec) (*specs.LinuxSeccomp, error) {
+	key := strings.Join(spec.Process.Capabilities.Bounding, ",")
+	if sc, ok := seccompCache.Load(key); ok {
+		return sc.(*specs.LinuxSeccomp), nil
+	}
+	sc, err := seccomp.GetDefaultProfile(spec)
+	if err != nil {
+		return nil, err
+	}
+	seccompCache.Store(key, sc)
+	return sc, nil
 }
 
 func resources(l runtime.Limits) *specs.LinuxResources {
