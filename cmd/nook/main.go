@@ -18,9 +18,10 @@ func main() {
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
-	root.AddCommand(serveCmd(), withPauseVerbs(sandboxCmd()), benchCmd(), snapshotCmd())
+	root.AddCommand(serveCmd(), withNetworkVerb(withPauseVerbs(sandboxCmd())), benchCmd(), snapshotCmd())
 	root.AddCommand(execCmd())
 	root.AddCommand(tplCmd())
+	root.AddCommand(runCodeCmd())
 	if err := root.Execute(); err != nil {
 		var exit exitCode
 		if asExit(err, &exit) {

@@ -24,26 +24,33 @@ import (
 
 // tplBody is the API's view of a template (see internal/api/templates.go).
 type tplBody struct {
-	TemplateID   string      `json:"templateID"`
-	BuildID      string      `json:"buildID"`
-	Aliases      []string    `json:"aliases"`
-	State        string      `json:"state"`
-	Reason       string      `json:"reason,omitempty"`
-	Source       string      `json:"source,omitempty"`
-	CPUMillis    int64       `json:"cpuMillis"`
-	MemoryMB     int64       `json:"memoryMB"`
-	DiskSizeMB   int64       `json:"diskSizeMB"`
-	Layers       int         `json:"layers"`
-	Env          []string    `json:"env"`
-	Cmd          []string    `json:"cmd,omitempty"`
-	WorkingDir   string      `json:"workingDir,omitempty"`
-	User         string      `json:"user,omitempty"`
-	ExposedPorts []int       `json:"exposedPorts,omitempty"`
-	ProbePort    int         `json:"probePort,omitempty"`
-	ProbePath    string      `json:"probePath,omitempty"`
-	CreatedAt    time.Time   `json:"createdAt"`
-	UpdatedAt    time.Time   `json:"updatedAt"`
-	Builds       []buildBody `json:"builds,omitempty"`
+	TemplateID   string   `json:"templateID"`
+	BuildID      string   `json:"buildID"`
+	Aliases      []string `json:"aliases"`
+	State        string   `json:"state"`
+	Reason       string   `json:"reason,omitempty"`
+	Source       string   `json:"source,omitempty"`
+	CPUMillis    int64    `json:"cpuMillis"`
+	MemoryMB     int64    `json:"memoryMB"`
+	DiskSizeMB   int64    `json:"diskSizeMB"`
+	Layers       int      `json:"layers"`
+	Env          []string `json:"env"`
+	Cmd          []string `json:"cmd,omitempty"`
+	WorkingDir   string   `json:"workingDir,omitempty"`
+	User         string   `json:"user,omitempty"`
+	ExposedPorts []int    `json:"exposedPorts,omitempty"`
+	ProbePort    int      `json:"probePort,omitempty"`
+	ProbePath    string   `json:"probePath,omitempty"`
+	// Default egress policy and env opt-ins.
+	AllowInternetAccess      bool        `json:"allowInternetAccess"`
+	AllowOut                 []string    `json:"allowOut,omitempty"`
+	DenyOut                  []string    `json:"denyOut,omitempty"`
+	EnvdInheritImageEnv      bool        `json:"envdInheritImageEnv"`
+	RunCodeInheritSandboxEnv bool        `json:"runCodeInheritSandboxEnv"`
+	CodeInterpreter          bool        `json:"codeInterpreter"`
+	CreatedAt                time.Time   `json:"createdAt"`
+	UpdatedAt                time.Time   `json:"updatedAt"`
+	Builds                   []buildBody `json:"builds,omitempty"`
 }
 
 type buildBody struct {
@@ -75,6 +82,10 @@ type buildFlags struct {
 	exposePorts                         []int
 	envs, dns                           []string
 	detach, asJSON                      bool
+	// The template's default egress policy and env opt-ins.
+	allowInternet                          bool
+	allowOutCIDRs, denyOutCIDRs            []string
+	envdInheritImageEnv, runCodeInheritEnv bool
 }
 
 func (b *buildFlags) add(cmd *cobra.Command) {
@@ -91,6 +102,11 @@ func (b *buildFlags) add(cmd *cobra.Command) {
 	f.StringArrayVar(&b.dns, "dns", nil, "DNS server for the template's sandboxes (repeatable)")
 	f.BoolVar(&b.detach, "detach", false, "return once the build has started instead of following it")
 	f.BoolVar(&b.asJSON, "json", false, "print JSON")
+	f.BoolVar(&b.allowInternet, "allow-internet-access", true, "the template's sandboxes have internet access unless their create says otherwise")
+	f.StringArrayVar(&b.allowOutCIDRs, "allow-out-cidr", nil, "CIDR or IP the template's sandboxes may always reach, even without internet access (repeatable)")
+	f.StringArrayVar(&b.denyOutCIDRs, "deny-out-cidr", nil, "CIDR or IP the template's sandboxes may not reach (repeatable; --allow-out-cidr wins)")
+	f.BoolVar(&b.envdInheritImageEnv, "envd-inherit-image-env", false, "commands.run and PTYs also see the image env (off: the CubeSandbox table as written)")
+	f.BoolVar(&b.runCodeInheritEnv, "run-code-inherit-env", false, "run_code also sees the sandbox env from create (templates with a code interpreter)")
 }
 
 func (b *buildFlags) request() (map[string]any, error) {
@@ -104,6 +120,11 @@ func (b *buildFlags) request() (map[string]any, error) {
 	if b.probe > 0 {
 		req["probePort"], req["probePath"] = b.probe, b.probePath
 	}
+	if !b.allowInternet {
+		req["allowInternetAccess"] = false
+	}
+	req["allowOut"], req["denyOut"] = b.allowOutCIDRs, b.denyOutCIDRs
+	req["envdInheritImageEnv"], req["runCodeInheritSandboxEnv"] = b.envdInheritImageEnv, b.runCodeInheritEnv
 	return req, nil
 }
 

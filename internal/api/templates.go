@@ -99,30 +99,38 @@ type templateHandlers struct {
 // templateBody is a template as the API shows it: E2B's Template fields
 // plus nook's build state and run configuration.
 type templateBody struct {
-	TemplateID   string    `json:"templateID"`
-	BuildID      string    `json:"buildID"`
-	Aliases      []string  `json:"aliases"`
-	Public       bool      `json:"public"`
-	BuildStatus  string    `json:"buildStatus"` // E2B: building, ready, error
-	State        string    `json:"state"`       // PULLING, BUILDING, READY, FAILED
-	Reason       string    `json:"reason,omitempty"`
-	Source       string    `json:"source,omitempty"`
-	CPUCount     int64     `json:"cpuCount"`
-	CPUMillis    int64     `json:"cpuMillis"`
-	MemoryMB     int64     `json:"memoryMB"`
-	DiskSizeMB   int64     `json:"diskSizeMB"`
-	EnvdVersion  string    `json:"envdVersion"`
-	Layers       int       `json:"layers"`
-	Env          []string  `json:"env"`
-	Cmd          []string  `json:"cmd,omitempty"`
-	WorkingDir   string    `json:"workingDir,omitempty"`
-	User         string    `json:"user,omitempty"`
-	ExposedPorts []int     `json:"exposedPorts,omitempty"`
-	ProbePort    int       `json:"probePort,omitempty"`
-	ProbePath    string    `json:"probePath,omitempty"`
-	DNS          []string  `json:"dns,omitempty"`
-	CreatedAt    time.Time `json:"createdAt"`
-	UpdatedAt    time.Time `json:"updatedAt"`
+	TemplateID   string   `json:"templateID"`
+	BuildID      string   `json:"buildID"`
+	Aliases      []string `json:"aliases"`
+	Public       bool     `json:"public"`
+	BuildStatus  string   `json:"buildStatus"` // E2B: building, ready, error
+	State        string   `json:"state"`       // PULLING, BUILDING, READY, FAILED
+	Reason       string   `json:"reason,omitempty"`
+	Source       string   `json:"source,omitempty"`
+	CPUCount     int64    `json:"cpuCount"`
+	CPUMillis    int64    `json:"cpuMillis"`
+	MemoryMB     int64    `json:"memoryMB"`
+	DiskSizeMB   int64    `json:"diskSizeMB"`
+	EnvdVersion  string   `json:"envdVersion"`
+	Layers       int      `json:"layers"`
+	Env          []string `json:"env"`
+	Cmd          []string `json:"cmd,omitempty"`
+	WorkingDir   string   `json:"workingDir,omitempty"`
+	User         string   `json:"user,omitempty"`
+	ExposedPorts []int    `json:"exposedPorts,omitempty"`
+	ProbePort    int      `json:"probePort,omitempty"`
+	ProbePath    string   `json:"probePath,omitempty"`
+	DNS          []string `json:"dns,omitempty"`
+	// The template's default egress policy (allowInternetAccess is always
+	// shown: true unless the template turned it off) and env opt-ins.
+	AllowInternetAccess      bool      `json:"allowInternetAccess"`
+	AllowOut                 []string  `json:"allowOut,omitempty"`
+	DenyOut                  []string  `json:"denyOut,omitempty"`
+	EnvdInheritImageEnv      bool      `json:"envdInheritImageEnv"`
+	RunCodeInheritSandboxEnv bool      `json:"runCodeInheritSandboxEnv"`
+	CodeInterpreter          bool      `json:"codeInterpreter"`
+	CreatedAt                time.Time `json:"createdAt"`
+	UpdatedAt                time.Time `json:"updatedAt"`
 	// Builds are the template's builds, newest first (details only).
 	Builds []template.Build `json:"builds,omitempty"`
 }
@@ -147,6 +155,10 @@ func toBody(t template.Template) templateBody {
 		EnvdVersion: agentwire.EnvdVersion, Layers: len(t.Layers), Env: t.Env, Cmd: t.Cmd,
 		WorkingDir: t.WorkingDir, User: t.User, ExposedPorts: t.ExposedPorts, ProbePort: t.ProbePort,
 		ProbePath: t.ProbePath, DNS: t.DNS, CreatedAt: t.CreatedAt, UpdatedAt: up,
+		AllowInternetAccess: t.AllowInternetAccess == nil || *t.AllowInternetAccess,
+		AllowOut:            t.AllowOut, DenyOut: t.DenyOut,
+		EnvdInheritImageEnv: t.EnvdInheritImageEnv, RunCodeInheritSandboxEnv: t.RunCodeInheritSandboxEnv,
+		CodeInterpreter: t.CodeInterpreter,
 	}
 }
 
@@ -273,6 +285,11 @@ func (h *templateHandlers) patch(w http.ResponseWriter, r *http.Request) {
 }
 
 func (h *templateHandlers) delete(w http.ResponseWriter, r *http.Request) {
+	// E2B's Sandbox.deleteSnapshot comes here with a snapshot id.
+	if _, err := h.s.Sandboxes.GetSnapshot(r.PathValue("id")); err == nil {
+		h.s.deleteSnapshot(w, r)
+		return
+	}
 	if err := h.b.Delete(context.WithoutCancel(r.Context()), r.PathValue("id")); err != nil {
 		h.s.fail(w, r, err)
 		return

@@ -1,9 +1,11 @@
 package network
 
 import (
+	"encoding/json"
 	"fmt"
 	"github.com/mdlayher/netlink"
 	"net/netip"
+	"sync"
 
 	"github.com/google/nftables"
 	"github.com/google/nftables/binaryutil"
@@ -11,19 +13,24 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// The nftables ruleset of one nook instance is one inet table, rebuilt as a
-// whole in one atomic transaction on every change (create, update,
-// teardown): the desired state is always the sandboxes' stored policies, so
-// nothing stale can survive a crash. Layout:
+// The nftables ruleset of one nook instance is one inet table. The desired
+// state is always the sandboxes' stored policies, so nothing stale can
+// survive a crash: the first apply of a process (and any apply after a
+// failed one) rebuilds the table as a whole in one atomic transaction;
+// later applies change only the sandboxes that changed (their chain, their
+// element in the jump map and in the hostful set), also in one transaction,
+// so a create costs the same at 1 or 1000 sandboxes. Layout:
 //
 //	input       from the bridge: DNS and the egress proxy ports on the
 //	            gateway; everything else to the host is refused
-//	forward     from the bridge: established flows, then one jump per
-//	            sandbox (by its address) into its chain; new flows into
-//	            the bridge are dropped
-//	sb_<id>     the sandbox's CIDR policy
+//	forward     from the bridge: established flows, then a lookup of the
+//	            source address in the map sbjump, whose element jumps into
+//	            the sandbox's chain; new flows into the bridge are dropped
+//	sb_<id>     the sandbox's CIDR policy (the ranges no sandbox reaches
+//	            are the shared chain blocked)
 //	prerouting  DNS (any server) to nook's resolver; ports 80/443 of
-//	            sandboxes with host rules to the transparent proxy
+//	            sandboxes with host rules (the set hostful) to the
+//	            transparent proxy
 //	postrouting masquerade of the sandbox range leaving by another link
 
 type nftState struct {
@@ -156,16 +163,179 @@ var builtinBlocked = []netip.Prefix{
 
 func sbChain(id string) string { return "sb_" + id }
 
-// apply replaces the instance's table with the one st describes.
+const (
+	jumpMap    = "sbjump"
+	hostfulSet = "hostful"
+	blockChain = "blocked"
+)
+
+// applied is what the kernel holds per table, as this process last made it
+// (nil after a failure: the next apply rebuilds the table).
+var applied = struct {
+	sync.Mutex
+	tables map[string]*appliedTable
+}{tables: map[string]*appliedTable{}}
+
+type appliedTable struct {
+	base          string            // key of the table-wide settings
+	sbs           map[string]string // sandbox id -> key of its address and policy
+	jump, hostful *nftables.Set
+}
+
+func (st *nftState) baseKey() string {
+	return fmt.Sprint(st.bridge, st.cidr, st.gateway, st.dnsPort, st.httpPort, st.tlsPort)
+}
+
+func sbKey(sb *sbState) string {
+	pol, _ := json.Marshal(sb.Policy)
+	return sb.IP.String() + " " + string(pol)
+}
+
+// apply makes the instance's table the one st describes: incrementally
+// when this process made the table and its settings are unchanged, else by
+// rebuilding it.
 func (st *nftState) apply() error {
-	c, err := nftables.New(nftables.WithSockOptions(bigReceiveBuffer))
+	applied.Lock()
+	defer applied.Unlock()
+	prev := applied.tables[st.table]
+	delete(applied.tables, st.table)
+	if prev != nil && prev.base == st.baseKey() {
+		next, err := st.applyDiff(prev)
+		if err == nil {
+			applied.tables[st.table] = next
+			return nil
+		}
+		// Fall back to a rebuild, which is correct whatever the kernel holds.
+	}
+	next, err := st.rebuild()
 	if err != nil {
 		return err
+	}
+	applied.tables[st.table] = next
+	return nil
+}
+
+func newConn() (*nftables.Conn, error) {
+	return nftables.New(nftables.WithSockOptions(bigReceiveBuffer))
+}
+
+// applyDiff changes, in one transaction, the sandboxes whose state differs
+// from prev.
+func (st *nftState) applyDiff(prev *appliedTable) (*appliedTable, error) {
+	c, err := newConn()
+	if err != nil {
+		return nil, err
+	}
+	tbl := &nftables.Table{Family: nftables.TableFamilyINet, Name: st.table}
+	next := &appliedTable{base: prev.base, sbs: map[string]string{}, jump: prev.jump, hostful: prev.hostful}
+	want := map[string]*sbState{}
+	for _, sb := range st.sandboxes {
+		want[sb.ID] = sb
+		next.sbs[sb.ID] = sbKey(sb)
+	}
+	changed := false
+	wasHostful := prev.hostfulIDs()
+	for id, key := range prev.sbs {
+		if sb, ok := want[id]; ok && sbKey(sb) == key {
+			continue
+		}
+		changed = true
+		// The old address is the key's first field.
+		ip, err := netip.ParseAddr(key[:indexByte(key, ' ')])
+		if err != nil {
+			return nil, err
+		}
+		a := ip.As4()
+		if err := c.SetDeleteElements(prev.jump, []nftables.SetElement{{Key: a[:]}}); err != nil {
+			return nil, err
+		}
+		// Deleting an absent element would fail the transaction.
+		if wasHostful[id] {
+			if err := c.SetDeleteElements(prev.hostful, []nftables.SetElement{{Key: a[:]}}); err != nil {
+				return nil, err
+			}
+		}
+		ch := &nftables.Chain{Name: sbChain(id), Table: tbl}
+		c.FlushChain(ch)
+		c.DelChain(ch)
+	}
+	for id, sb := range want {
+		if key, ok := prev.sbs[id]; ok && key == sbKey(sb) {
+			continue
+		}
+		changed = true
+		if err := st.addSandbox(c, tbl, next, sb); err != nil {
+			return nil, err
+		}
+	}
+	if !changed {
+		return next, nil
+	}
+	if err := c.Flush(); err != nil {
+		return nil, fmt.Errorf("nftables: %w", err)
+	}
+	return next, nil
+}
+
+func indexByte(s string, b byte) int {
+	for i := 0; i < len(s); i++ {
+		if s[i] == b {
+			return i
+		}
+	}
+	return len(s)
+}
+
+// hostfulIDs are the sandboxes whose address is in the hostful set.
+func (a *appliedTable) hostfulIDs() map[string]bool {
+	out := map[string]bool{}
+	for id, key := range a.sbs {
+		var pol Policy
+		if json.Unmarshal([]byte(key[indexByte(key, ' ')+1:]), &pol) == nil && pol.Hostful() {
+			out[id] = true
+		}
+	}
+	return out
+}
+
+// addSandbox adds sb's chain and its elements in the jump map and (with
+// host rules) the hostful set.
+func (st *nftState) addSandbox(c *nftables.Conn, tbl *nftables.Table, at *appliedTable, sb *sbState) error {
+	ch := c.AddChain(&nftables.Chain{Name: sbChain(sb.ID), Table: tbl})
+	st.sandboxRules(c, tbl, ch, sb)
+	a := sb.IP.As4()
+	if err := c.SetAddElements(at.jump, []nftables.SetElement{{Key: a[:],
+		VerdictData: &expr.Verdict{Kind: expr.VerdictJump, Chain: ch.Name}}}); err != nil {
+		return err
+	}
+	if sb.Policy.Hostful() {
+		if err := c.SetAddElements(at.hostful, []nftables.SetElement{{Key: a[:]}}); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// rebuild replaces the instance's table with the one st describes, in one
+// transaction.
+func (st *nftState) rebuild() (*appliedTable, error) {
+	c, err := newConn()
+	if err != nil {
+		return nil, err
 	}
 	tbl := &nftables.Table{Family: nftables.TableFamilyINet, Name: st.table}
 	c.AddTable(tbl)
 	c.DelTable(tbl)
 	tbl = c.AddTable(&nftables.Table{Family: nftables.TableFamilyINet, Name: st.table})
+	at := &appliedTable{base: st.baseKey(), sbs: map[string]string{}}
+	at.jump = &nftables.Set{Table: tbl, Name: jumpMap, IsMap: true, KeyType: nftables.TypeIPAddr, DataType: nftables.TypeVerdict}
+	if err := c.AddSet(at.jump, nil); err != nil {
+		return nil, err
+	}
+	at.hostful = &nftables.Set{Table: tbl, Name: hostfulSet, KeyType: nftables.TypeIPAddr}
+	if err := c.AddSet(at.hostful, nil); err != nil {
+		return nil, err
+	}
 	accPolicy := nftables.ChainPolicyAccept
 	input := c.AddChain(&nftables.Chain{Name: "input", Table: tbl, Type: nftables.ChainTypeFilter,
 		Hooknum: nftables.ChainHookInput, Priority: nftables.ChainPriorityFilter, Policy: &accPolicy})
@@ -175,6 +345,7 @@ func (st *nftState) apply() error {
 		Hooknum: nftables.ChainHookPrerouting, Priority: nftables.ChainPriorityNATDest})
 	post := c.AddChain(&nftables.Chain{Name: "postrouting", Table: tbl, Type: nftables.ChainTypeNAT,
 		Hooknum: nftables.ChainHookPostrouting, Priority: nftables.ChainPriorityNATSource})
+	blocked := c.AddChain(&nftables.Chain{Name: blockChain, Table: tbl})
 	br := mIIF(st.bridge)
 	gw := netip.PrefixFrom(st.gateway, 32)
 
@@ -188,15 +359,17 @@ func (st *nftState) apply() error {
 	}
 	addReject(c, tbl, input, br)
 
+	// blocked: destinations no sandbox reaches unless its chain allowed
+	// them before jumping here (the builtin ranges and the sandbox range).
+	for _, p := range append(append([]netip.Prefix{}, builtinBlocked...), st.cidr) {
+		addReject(c, tbl, blocked, mAddr(false, p))
+	}
+
 	// forward
 	c.AddRule(&nftables.Rule{Table: tbl, Chain: forward, Exprs: cat(br, mEstablished(), accept)})
 	c.AddRule(&nftables.Rule{Table: tbl, Chain: forward, Exprs: cat(mOIF(expr.CmpOpEq, st.bridge), mEstablished(), accept)})
-	for _, sb := range st.sandboxes {
-		ch := c.AddChain(&nftables.Chain{Name: sbChain(sb.ID), Table: tbl})
-		st.sandboxRules(c, tbl, ch, sb)
-		c.AddRule(&nftables.Rule{Table: tbl, Chain: forward, UserData: []byte(sb.ID),
-			Exprs: cat(br, mIPv4(), mAddr(true, netip.PrefixFrom(sb.IP, 32)), jump(ch.Name))})
-	}
+	c.AddRule(&nftables.Rule{Table: tbl, Chain: forward, Exprs: cat(br, mIPv4(), mSaddr(),
+		[]expr.Any{&expr.Lookup{SourceRegister: 1, SetName: at.jump.Name, SetID: at.jump.ID, IsDestRegSet: true, DestRegister: 0}})})
 	addReject(c, tbl, forward, br)
 	c.AddRule(&nftables.Rule{Table: tbl, Chain: forward, Exprs: cat(mOIF(expr.CmpOpEq, st.bridge), drop)})
 
@@ -205,41 +378,47 @@ func (st *nftState) apply() error {
 	for _, proto := range []byte{unix.IPPROTO_UDP, unix.IPPROTO_TCP} {
 		c.AddRule(&nftables.Rule{Table: tbl, Chain: pre, Exprs: cat(br, mIPv4(), mL4(proto), mDport(53), redirect(st.dnsPort))})
 	}
-	for _, sb := range st.sandboxes {
-		if !sb.Policy.Hostful() {
-			continue
-		}
-		src := mAddr(true, netip.PrefixFrom(sb.IP, 32))
-		c.AddRule(&nftables.Rule{Table: tbl, Chain: pre, Exprs: cat(br, mIPv4(), src, mL4(unix.IPPROTO_TCP), mDport(80), redirect(st.httpPort))})
-		c.AddRule(&nftables.Rule{Table: tbl, Chain: pre, Exprs: cat(br, mIPv4(), src, mL4(unix.IPPROTO_TCP), mDport(443), redirect(st.tlsPort))})
-	}
+	hostful := cat(br, mIPv4(), mSaddr(), []expr.Any{&expr.Lookup{SourceRegister: 1, SetName: at.hostful.Name, SetID: at.hostful.ID}})
+	c.AddRule(&nftables.Rule{Table: tbl, Chain: pre, Exprs: cat(hostful, mL4(unix.IPPROTO_TCP), mDport(80), redirect(st.httpPort))})
+	c.AddRule(&nftables.Rule{Table: tbl, Chain: pre, Exprs: cat(hostful, mL4(unix.IPPROTO_TCP), mDport(443), redirect(st.tlsPort))})
 
 	// postrouting
 	c.AddRule(&nftables.Rule{Table: tbl, Chain: post, Exprs: cat(mIPv4(), mAddr(true, st.cidr),
 		mOIF(expr.CmpOpNeq, st.bridge), []expr.Any{&expr.Masq{}})})
 
-	if err := c.Flush(); err != nil {
-		return fmt.Errorf("nftables: %w", err)
+	for _, sb := range st.sandboxes {
+		if err := st.addSandbox(c, tbl, at, sb); err != nil {
+			return nil, err
+		}
+		at.sbs[sb.ID] = sbKey(sb)
 	}
-	return nil
+	if err := c.Flush(); err != nil {
+		return nil, fmt.Errorf("nftables: %w", err)
+	}
+	return at, nil
+}
+
+// mSaddr loads the IPv4 source address into register 1.
+func mSaddr() []expr.Any {
+	return []expr.Any{&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: 12, Len: 4}}
 }
 
 // sandboxRules is one sandbox's kernel policy for traffic whose host is
-// unknown: allowed CIDRs, denied CIDRs, blocked ranges, the allowed-hosts
-// gate (only the proxy can check hosts), then internet on or off.
+// unknown: allowed CIDRs, denied CIDRs, blocked ranges (the shared chain),
+// the allowed-hosts gate (only the proxy can check hosts), then internet
+// on or off.
 func (st *nftState) sandboxRules(c *nftables.Conn, tbl *nftables.Table, ch *nftables.Chain, sb *sbState) {
 	for _, p := range sb.Policy.AllowCIDRs {
 		if p.Addr().Is4() {
 			c.AddRule(&nftables.Rule{Table: tbl, Chain: ch, Exprs: cat(mAddr(false, p), accept)})
 		}
 	}
-	blocked := append(append([]netip.Prefix{}, sb.Policy.DenyCIDRs...), builtinBlocked...)
-	blocked = append(blocked, st.cidr)
-	for _, p := range blocked {
+	for _, p := range sb.Policy.DenyCIDRs {
 		if p.Addr().Is4() {
 			addReject(c, tbl, ch, mAddr(false, p))
 		}
 	}
+	c.AddRule(&nftables.Rule{Table: tbl, Chain: ch, Exprs: jump(blockChain)})
 	if len(sb.Policy.GateHosts) == 0 && sb.Policy.AllowInternet {
 		c.AddRule(&nftables.Rule{Table: tbl, Chain: ch, Exprs: accept})
 		return
@@ -258,6 +437,10 @@ func bigReceiveBuffer(c *netlink.Conn) error {
 	var serr error
 	if err := rc.Control(func(fd uintptr) {
 		serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_RCVBUFFORCE, 32<<20)
+		if serr == nil {
+			// and send the whole batch as one message.
+			serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_SNDBUFFORCE, 64<<20)
+		}
 	}); err != nil {
 		return err
 	}
@@ -266,6 +449,9 @@ func bigReceiveBuffer(c *netlink.Conn) error {
 
 // deleteTable removes the instance's table if it exists.
 func deleteTable(name string) error {
+	applied.Lock()
+	delete(applied.tables, name)
+	applied.Unlock()
 	c, err := nftables.New()
 	if err != nil {
 		return err

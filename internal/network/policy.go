@@ -7,6 +7,7 @@ import (
 	"strings"
 
 	"github.com/nookhq/nook/internal/errdefs"
+	"github.com/nookhq/nook/internal/sandbox"
 )
 
 // Policy is one sandbox's egress policy. It merges E2B's network config
@@ -277,4 +278,41 @@ func (p Policy) Redacted() Policy {
 	}
 	p.Rules = rules
 	return p
+}
+
+// Config turns a policy back into the sandbox config it is made from
+// (PolicyFrom(p.Config()) is p): CIDRs and allowed host globs in allowOut,
+// denied CIDRs in denyOut, denied host globs in deniedHosts, the gate in
+// allowedHosts. Rule header values are included: redact before showing.
+func (p Policy) Config() sandbox.NetworkConfig {
+	allow := p.AllowInternet
+	cfg := sandbox.NetworkConfig{AllowInternet: &allow}
+	for _, c := range p.AllowCIDRs {
+		cfg.AllowOut = append(cfg.AllowOut, c.String())
+	}
+	cfg.AllowOut = append(cfg.AllowOut, p.AllowHosts...)
+	for _, c := range p.DenyCIDRs {
+		cfg.DenyOut = append(cfg.DenyOut, c.String())
+	}
+	cfg.AllowedHosts = append(cfg.AllowedHosts, p.GateHosts...)
+	cfg.DeniedHosts = append(cfg.DeniedHosts, p.DenyHosts...)
+	if len(p.Rules) > 0 {
+		cfg.Rules = map[string][]sandbox.NetworkRule{}
+		for k, rs := range p.Rules {
+			for _, r := range rs {
+				h := map[string]string{}
+				for name, v := range r.Transform.Headers {
+					h[name] = v
+				}
+				cfg.Rules[k] = append(cfg.Rules[k], sandbox.NetworkRule{Transform: sandbox.NetworkTransform{Headers: h}})
+			}
+		}
+	}
+	if len(p.Handlers) > 0 {
+		cfg.Handlers = map[string]string{}
+		for k, u := range p.Handlers {
+			cfg.Handlers[k] = u
+		}
+	}
+	return cfg
 }

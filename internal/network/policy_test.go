@@ -3,6 +3,8 @@ package network
 import (
 	"io"
 	"net/netip"
+	"reflect"
+	"sort"
 	"strings"
 	"testing"
 	"testing/iotest"
@@ -106,4 +108,43 @@ func TestRedactor(t *testing.T) {
 	if !strings.HasPrefix(string(out), "before ****") || !strings.HasSuffix(string(out), " end") {
 		t.Fatalf("redacted %q", out)
 	}
+}
+
+// TestPolicyConfigRoundTrip: a policy turned back into a config (for the
+// CLI's GET and PATCH) makes the same policy again.
+func TestPolicyConfigRoundTrip(t *testing.T) {
+	cfg := sandbox.NetworkConfig{
+		AllowInternet: bp(false),
+		AllowOut:      []string{"198.18.0.2", "10.0.0.0/8", "*.allowed.test"},
+		DenyOut:       []string{"198.18.0.3/32", "bad.test"},
+		AllowedHosts:  []string{"gate.test"},
+		DeniedHosts:   []string{"*.denied.test"},
+		Rules:         map[string][]sandbox.NetworkRule{"api.test": {{Transform: sandbox.NetworkTransform{Headers: map[string]string{"Authorization": "Bearer x1234"}}}}},
+		Handlers:      map[string]string{"h.test": "http://127.0.0.1:9/"},
+	}
+	p, err := PolicyFrom(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	back := p.Config()
+	q, err := PolicyFrom(back)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(normalized(p), normalized(q)) {
+		t.Fatalf("round trip changed the policy:\n%+v\n%+v", p, q)
+	}
+	if back.Rules["api.test"][0].Transform.Headers["Authorization"] != "Bearer x1234" {
+		t.Fatal("Config dropped a rule's header value")
+	}
+	if *back.AllowInternet || strings.Join(back.AllowOut, " ") != "198.18.0.2/32 10.0.0.0/8 *.allowed.test" {
+		t.Fatalf("config %+v", back)
+	}
+}
+
+func normalized(p Policy) Policy {
+	sort.Strings(p.DenyHosts)
+	sort.Strings(p.AllowHosts)
+	sort.Strings(p.GateHosts)
+	return p
 }

@@ -16,10 +16,12 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/nookhq/nook/internal/agentclient"
 	"github.com/nookhq/nook/internal/agentwire"
+	"github.com/nookhq/nook/internal/backupstore"
 	"github.com/nookhq/nook/internal/errdefs"
 	"github.com/nookhq/nook/internal/runtime"
 	"github.com/nookhq/nook/internal/store"
@@ -116,6 +118,9 @@ type Config struct {
 	// PoolSize is how many warm sandboxes to keep per template whose own
 	// pool size is unset (negative); 0 disables pooling.
 	PoolSize int
+	// BackupRemote, when set, keeps a copy of every backup (an S3 bucket;
+	// backup.go).
+	BackupRemote backupstore.Store
 }
 
 // Manager creates, tracks and ends sandboxes.
@@ -127,7 +132,9 @@ type Manager struct {
 	logDir string
 	pool   *pool
 
-	ops       opLocks // one pause/resume/kill of a sandbox at a time (pause.go)
+	ops opLocks // one pause/resume/kill of a sandbox at a time (pause.go)
+	// creating counts creates in flight: the pool refills when it is 0.
+	creating  atomic.Int64
 	mu        sync.Mutex
 	live      map[string]*live  // guarded by mu
 	killHooks []func(id string) // guarded by mu
@@ -221,10 +228,15 @@ func (m *Manager) Create(ctx context.Context, o CreateOptions) (_ Sandbox, err e
 	if tpl.State != template.StateReady {
 		return Sandbox{}, fmt.Errorf("template %q is %s, not READY: %w", tpl.ID, tpl.State, errdefs.ErrConflict)
 	}
+	m.creating.Add(1)
+	defer m.creating.Add(-1)
 	b, pooled := booted{}, false
 	if o.from == nil {
 		b, pooled = m.pool.claim(tpl, o)
 	}
+	// The template's default egress policy, field by field unless the
+	// create gave that field (pooled sandboxes booted with the default).
+	o.Network = WithTemplateNetwork(tpl, o.Network)
 	if !pooled {
 		if b, err = m.bootFrom(ctx, newID(), tpl, o.Network, o.from); err != nil {
 			return Sandbox{}, err
@@ -337,7 +349,7 @@ func (m *Manager) bootFrom(ctx context.Context, id string, tpl template.Template
 		if err != nil {
 			return booted{}, fmt.Errorf("sandbox network: %w", err)
 		}
-		spec.NetNSPath = ns.NetNSPath
+		spec.NetNSPath, spec.UserNSPath = ns.NetNSPath, ns.UserNSPath
 		spec.Mounts = append(spec.Mounts, ns.Mounts...)
 		spec.Env = append(append([]string(nil), spec.Env...), ns.Env...)
 	}

@@ -35,7 +35,8 @@ func (p *pool) size(tpl template.Template) int {
 }
 
 // claim takes a warm sandbox of tpl, if there is one and the create asks for
-// nothing a pooled sandbox was not started with (a non-default network).
+// nothing a pooled sandbox was not started with (a network of its own;
+// pooled sandboxes boot with the template's default network).
 func (p *pool) claim(tpl template.Template, o CreateOptions) (booted, bool) {
 	if o.NoPool || p.size(tpl) == 0 || !reflect.ValueOf(o.Network).IsZero() {
 		return booted{}, false
@@ -78,7 +79,7 @@ func (p *pool) refill(tplID string) {
 			if n >= p.size(tpl) {
 				return
 			}
-			b, err := p.m.boot(context.Background(), tpl, NetworkConfig{})
+			b, err := p.m.boot(context.Background(), tpl, WithTemplateNetwork(tpl, NetworkConfig{}))
 			if err != nil {
 				p.m.cfg.Log.Warn("warm pool: boot failed", "template", tplID, "err", err)
 				time.Sleep(time.Second)
@@ -89,6 +90,15 @@ func (p *pool) refill(tplID string) {
 			p.mu.Unlock()
 		}
 	}()
+}
+
+// waitIdle lets live creates go first: it waits (up to a second) until no
+// create is in flight, so that a refill boot does not compete for the
+// CPU with the create that claimed the pool's sandbox.
+func (p *pool) waitIdle() {
+	for i := 0; i < 500 && p.m.creating.Load() > 0; i++ {
+		time.Sleep(2 * time.Millisecond)
+	}
 }
 
 // drain kills the warm sandboxes of tplID (or of every template when

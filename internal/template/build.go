@@ -55,6 +55,15 @@ type BuildRequest struct {
 	ProbePath         string   `json:"probePath,omitempty"`
 	ProbeTimeoutSec   int      `json:"probeTimeoutSeconds,omitempty"`
 	DNS               []string `json:"dns,omitempty"`
+	// NetworkDefaults (allowInternetAccess, allowOut, denyOut) is the
+	// default egress policy of the template's sandboxes.
+	NetworkDefaults
+	// EnvdInheritImageEnv lets envd commands and PTYs see the image env;
+	// RunCodeInheritSandboxEnv lets run_code see the sandbox env (for a
+	// template with a code interpreter). Both off by default, as the
+	// CubeSandbox table says.
+	EnvdInheritImageEnv      bool `json:"envdInheritImageEnv,omitempty"`
+	RunCodeInheritSandboxEnv bool `json:"runCodeInheritSandboxEnv,omitempty"`
 }
 
 // Build is the record of one build of a template.
@@ -277,6 +286,13 @@ func (b *Builder) validate(req *BuildRequest) error {
 		if p < 1 || p > 65535 {
 			return fmt.Errorf("expose port %d: %w", p, errdefs.ErrInvalid)
 		}
+	}
+	var err error
+	if req.AllowOut, err = NormalizeCIDRs("allowOut (--allow-out-cidr)", req.AllowOut); err != nil {
+		return err
+	}
+	if req.DenyOut, err = NormalizeCIDRs("denyOut (--deny-out-cidr)", req.DenyOut); err != nil {
+		return err
 	}
 	if req.WritableLayerSize != "" {
 		if _, err := ParseSize(req.WritableLayerSize); err != nil {
@@ -515,6 +531,7 @@ func (b *Builder) build(ctx context.Context, r *run, req BuildRequest, instrs []
 	var layers []string
 	var cfg image.Config
 	source := req.Image
+	var fromTpl *Template // FROM a template: its code interpreter carries over
 	if req.Dockerfile == "" {
 		var err error
 		if layers, cfg, _, err = b.pull(ctx, r, req.Image, auth, say); err != nil {
@@ -533,6 +550,7 @@ func (b *Builder) build(ctx context.Context, r *run, req BuildRequest, instrs []
 							return dockerfile.Base{}, fmt.Errorf("template %q is %s, not READY: %w", ref, t.State, errdefs.ErrConflict)
 						}
 						say("FROM template %s", t.ID)
+						fromTpl = &t
 						return dockerfile.Base{
 							Layers: t.Layers,
 							Config: image.Config{Env: t.Env, Cmd: t.Cmd, WorkingDir: t.WorkingDir, User: t.User, ExposedPorts: t.ExposedPorts},
@@ -589,10 +607,20 @@ func (b *Builder) build(ctx context.Context, r *run, req BuildRequest, instrs []
 		t.DiskMB, _ = ParseSize(req.WritableLayerSize)
 	}
 	t.ProbePort, t.ProbePath, t.ProbeTimeout = req.ProbePort, req.ProbePath, time.Duration(req.ProbeTimeoutSec)*time.Second
+	t.CodeInterpreter = fromTpl != nil && fromTpl.CodeInterpreter
+	if t.CodeInterpreter && t.ProbePort == 0 {
+		// run_code must answer before a create does, as in the base.
+		t.ProbePort, t.ProbePath, t.ProbeTimeout = fromTpl.ProbePort, fromTpl.ProbePath, fromTpl.ProbeTimeout
+	}
 	if t.ProbePort > 0 && t.ProbePath == "" {
 		t.ProbePath = "/health"
 	}
 	t.DNS = req.DNS
+	t.NetworkDefaults = req.NetworkDefaults
+	t.EnvdInheritImageEnv, t.RunCodeInheritSandboxEnv = req.EnvdInheritImageEnv, req.RunCodeInheritSandboxEnv
+	if !t.NetworkDefaults.IsZero() {
+		say("default egress policy: internet %v, allow %v, deny %v", t.AllowInternetAccess == nil || *t.AllowInternetAccess, t.AllowOut, t.DenyOut)
+	}
 	say("layers: %d; cmd: %q; workdir: %q; user: %q", len(t.Layers), t.Cmd, t.WorkingDir, t.User)
 	if t.ProbePort > 0 {
 		// The probe runs on a hidden copy, so that a READY version of the
@@ -762,6 +790,13 @@ type Patch struct {
 	CPUMillis         *int64    `json:"cpuMillis,omitempty"`
 	MemoryMB          *int64    `json:"memoryMB,omitempty"`
 	WritableLayerSize *string   `json:"writableLayerSize,omitempty"`
+	// The default egress policy and env opt-ins (see BuildRequest); a
+	// given field replaces the template's.
+	AllowInternetAccess      *bool     `json:"allowInternetAccess,omitempty"`
+	AllowOut                 *[]string `json:"allowOut,omitempty"`
+	DenyOut                  *[]string `json:"denyOut,omitempty"`
+	EnvdInheritImageEnv      *bool     `json:"envdInheritImageEnv,omitempty"`
+	RunCodeInheritSandboxEnv *bool     `json:"runCodeInheritSandboxEnv,omitempty"`
 }
 
 // Update applies p to a template.
@@ -805,6 +840,25 @@ func (b *Builder) Update(ctx context.Context, idOrAlias string, p Patch) (Templa
 		if t.DiskMB, err = ParseSize(*p.WritableLayerSize); err != nil {
 			return Template{}, err
 		}
+	}
+	if p.AllowInternetAccess != nil {
+		t.AllowInternetAccess = p.AllowInternetAccess
+	}
+	if p.AllowOut != nil {
+		if t.AllowOut, err = NormalizeCIDRs("allowOut", *p.AllowOut); err != nil {
+			return Template{}, err
+		}
+	}
+	if p.DenyOut != nil {
+		if t.DenyOut, err = NormalizeCIDRs("denyOut", *p.DenyOut); err != nil {
+			return Template{}, err
+		}
+	}
+	if p.EnvdInheritImageEnv != nil {
+		t.EnvdInheritImageEnv = *p.EnvdInheritImageEnv
+	}
+	if p.RunCodeInheritSandboxEnv != nil {
+		t.RunCodeInheritSandboxEnv = *p.RunCodeInheritSandboxEnv
 	}
 	t.UpdatedAt = time.Now().UTC()
 	if err := b.reg.Put(t); err != nil {

@@ -54,6 +54,9 @@ type Template struct {
 	// sandbox; RunCodeInheritSandboxEnv lets run_code see the sandbox env.
 	CodeInterpreter          bool `json:"codeInterpreter,omitempty"`
 	RunCodeInheritSandboxEnv bool `json:"runCodeInheritSandboxEnv,omitempty"`
+	// NetworkDefaults is the default egress policy of the template's
+	// sandboxes (allowInternetAccess, allowOut, denyOut; see network.go).
+	NetworkDefaults
 	// ProbePort, when set, is a sandbox port that must answer an HTTP GET
 	// of ProbePath with a 2xx before the template is READY and before any
 	// sandbox create from it answers.
