@@ -25,11 +25,15 @@ func benchCmd() *cobra.Command {
 		Use:   "bench",
 		Short: "Measure a running nook: create latency, round trips, throughput, density",
 		Long: `Measure a running nook serve and print a table (and JSON with --out):
-create latency (API call until the sandbox answers a command) cold and from the
-warm pool at each --concurrency, commands.run("true") round trips, upload and
-download throughput, and with --density N the host memory per idle sandbox.
-Run as root on the nook host to also time runc run and a bare unshare on the
-same root filesystem, printed as ratios to nook.`,
+create latency (API call until the sandbox answers a command: /bin/true through
+envd) cold and from the warm pool at each --concurrency, creates per second,
+round trips of commands.run("true") (bash -l -c true, as the SDK runs it),
+/bin/true through envd and true through the native exec API, warm run_code of
+1+1 and create + first run_code on --interp-template, upload and download
+throughput, and with --density N the host memory per idle sandbox (up to N,
+with the reason it stopped) and the agents' RSS/PSS. Run as root on the nook
+host to also time runc run and a bare unshare on the same root filesystem
+(podman run when installed), printed as ratios to nook.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			api, err := cf.client(cmd)
@@ -65,7 +69,8 @@ same root filesystem, printed as ratios to nook.`,
 	f.IntSliceVar(&o.Concurrency, "concurrency", []int{1, 10, 50}, "concurrency levels for creates")
 	f.IntVar(&o.Runs, "runs", 200, `commands.run("true") round trips`)
 	f.IntVar(&o.TransferMiB, "transfer-mib", 100, "size of the upload/download measurement in MiB (0 skips)")
-	f.IntVar(&o.Density, "density", 0, "start this many idle sandboxes to measure memory per sandbox (0 skips)")
+	f.IntVar(&o.Density, "density", 0, "start up to this many idle sandboxes to measure memory per sandbox (0 skips)")
+	f.StringVar(&o.InterpTemplate, "interp-template", "code-interpreter-v1", `code-interpreter template for the run_code measures ("" skips)`)
 	f.StringVar(&dataDir, "data-dir", "/var/lib/nook", "nook serve's data dir (for the runc/unshare comparison on the same root filesystem)")
 	f.BoolVar(&noRootFS, "no-compare", false, "skip the runc/unshare comparison")
 	f.StringVar(&outPath, "out", "", "also write the report as JSON to this file")
@@ -73,28 +78,23 @@ same root filesystem, printed as ratios to nook.`,
 }
 
 func printReport(rep *bench.Report) {
-	fmt.Printf("\nnook bench on %s (%d CPUs), template %s, %s\n\n", rep.Host, rep.CPUs, rep.Template, rep.Time.Format("2006-01-02 15:04 MST"))
+	fmt.Printf("\nnook bench on %s (%d CPUs, kernel %s), template %s, %s\n\n", rep.Host, rep.CPUs, rep.Kernel, rep.Template, rep.Time.Format("2006-01-02 15:04 MST"))
 	tw := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "MEASURE\tN\tP50\tP90\tP99\tVALUE\tUNIT\tNOTE")
-	var coldP50, runP50 float64
 	for _, s := range rep.Stats {
-		if s.N > 0 {
+		if s.N > 0 && s.Unit == "ms" {
 			fmt.Fprintf(tw, "%s\t%d\t%.2f\t%.2f\t%.2f\t\t%s\t%s\n", s.Name, s.N, s.P50, s.P90, s.P99, s.Unit, s.Note)
+		} else if s.N > 0 {
+			fmt.Fprintf(tw, "%s\t%d\t\t\t\t%.2f\t%s\t%s\n", s.Name, s.N, s.Value, s.Unit, s.Note)
 		} else {
-			fmt.Fprintf(tw, "%s\t\t\t\t\t%.1f\t%s\t%s\n", s.Name, s.Value, s.Unit, s.Note)
-		}
-		if s.Name == "create cold, concurrency 1" {
-			coldP50 = s.P50
-		}
-		if s.Name == "runc run (same rootfs)" {
-			runP50 = s.P50
+			fmt.Fprintf(tw, "%s\t\t\t\t\t\t%s\t%s\n", s.Name, s.Unit, s.Note)
 		}
 	}
 	tw.Flush()
-	for _, s := range rep.Stats {
-		if s.N > 0 && coldP50 > 0 && (s.Name == "runc run (same rootfs)" || s.Name == "unshare + exec (floor)") {
-			fmt.Printf("%s p50 is %.2fx nook's cold create p50\n", s.Name, s.P50/coldP50)
-		}
+	if len(rep.Ratios) > 0 {
+		fmt.Println()
 	}
-	_ = runP50
+	for _, r := range rep.Ratios {
+		fmt.Printf("%-70s %6.2fx  (%.2f ms / %.2f ms)\n", r.Name, r.Ratio, r.Other, r.Nook)
+	}
 }

@@ -34,6 +34,7 @@ type serveOptions struct {
 	net                                                               netFlags
 	poolSize                                                          int
 	rootfsCache                                                       string
+	backup                                                            backupFlags // backups.go
 }
 
 func serveCmd() *cobra.Command {
@@ -64,6 +65,7 @@ Needs root: it mounts file systems and runs runc.`,
 	f.StringVar(&o.rootfsCache, "rootfs-cache", "", "directory shared between data dirs that keeps built-in template root filesystems (hard-linked; must be on the same file system)")
 	f.IntVar(&o.poolSize, "pool-size", 2, "warm sandboxes kept started per template (a template's own pool size wins); 0 disables the pool")
 	o.net.register(f)
+	o.backup.register(f)
 	f.StringVar(&o.mirror, "debian-mirror", "http://deb.debian.org/debian", "Debian mirror used to build the base template")
 	return cmd
 }
@@ -183,9 +185,13 @@ func serve(ctx context.Context, o serveOptions) error {
 	if netw != nil {
 		defer netw.Close()
 	}
+	backupRemote, err := o.backup.open(ctx, log)
+	if err != nil {
+		return err
+	}
 	mgr, err := sandbox.NewManager(sandbox.Config{
 		DataDir: o.dataDir, AgentPath: agentPath, InterpPath: interpPath, Runtime: sandboxRuntime, Store: st, Templates: templates, Log: log,
-		PoolSize: o.poolSize, Network: sandboxNetwork(netw),
+		PoolSize: o.poolSize, Network: sandboxNetwork(netw), BackupRemote: backupRemote,
 	})
 	if err != nil {
 		return err

@@ -61,9 +61,11 @@ func (c *Client) Transport() *http.Transport {
 	}
 }
 
-// WaitReady polls the agent's /health until it answers or ctx ends.
+// WaitReady polls the agent's /health until it answers or ctx ends. The
+// agent listens within milliseconds of its start, so it is polled often
+// (every millisecond at most; a miss is one failed open of the socket path).
 func (c *Client) WaitReady(ctx context.Context) error {
-	delay := 500 * time.Microsecond
+	delay := 200 * time.Microsecond
 	for {
 		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://agent/health", nil)
 		resp, err := c.HTTP.Do(req)
@@ -79,7 +81,7 @@ func (c *Client) WaitReady(ctx context.Context) error {
 			return fmt.Errorf("agent not ready: %w (last error: %v)", ctx.Err(), err)
 		case <-time.After(delay):
 		}
-		if delay < 20*time.Millisecond {
+		if delay < time.Millisecond {
 			delay *= 2
 		}
 	}

@@ -28,7 +28,10 @@ type Options struct {
 	Concurrency []int // e.g. 1, 10, 50
 	Runs        int   // commands.run round trips
 	TransferMiB int   // upload/download size; 0 skips
-	Density     int   // idle sandboxes for the density run; 0 skips
+	Density     int   // idle sandboxes for the density run (up to); 0 skips
+	// InterpTemplate is the code-interpreter template for the run_code
+	// measures ("" skips them).
+	InterpTemplate string
 	// RootFS, when set (and running as root), is the template's root
 	// filesystem for the runc and unshare comparisons.
 	RootFS   string
@@ -46,6 +49,17 @@ type Stat struct {
 	Mean  float64 `json:"mean"`
 	Value float64 `json:"value,omitempty"` // for single-number results (rates, sizes)
 	Note  string  `json:"note,omitempty"`
+	// Skipped: not measured on this host (e.g. podman not installed).
+	Skipped bool `json:"skipped,omitempty"`
+}
+
+// Ratio compares a floor implementation doing the same work to nook.
+type Ratio struct {
+	Name  string  `json:"name"`  // e.g. "runc run / nook cold create p50"
+	Nook  float64 `json:"nook"`  // nook's value (ms)
+	Other float64 `json:"other"` // the other's value (ms)
+	// Ratio is Other / Nook: above 1, nook is faster.
+	Ratio float64 `json:"ratio"`
 }
 
 // Report is a whole bench run.
@@ -53,8 +67,20 @@ type Report struct {
 	Time     time.Time `json:"time"`
 	Host     string    `json:"host"`
 	CPUs     int       `json:"cpus"`
+	Kernel   string    `json:"kernel"`
 	Template string    `json:"template"`
 	Stats    []Stat    `json:"stats"`
+	Ratios   []Ratio   `json:"ratios,omitempty"`
+}
+
+// Stat returns the stat named name, if measured.
+func (r *Report) Stat(name string) (Stat, bool) {
+	for _, s := range r.Stats {
+		if s.Name == name {
+			return s, true
+		}
+	}
+	return Stat{}, false
 }
 
 func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
@@ -80,10 +106,37 @@ func (o *Options) logf(format string, args ...any) {
 	}
 }
 
+// Names of the measures (the JSON's stat names).
+const (
+	NameCommandsRun = `commands.run("true") round trip (bash -l -c true)`
+	NameEnvdTrue    = `envd process /bin/true round trip`
+	NameNativeExec  = `native exec of true round trip`
+	NameRunCodeWarm = `run_code "1+1" warm`
+	NameRunCodeCold = `create + first run_code "1+1", cold`
+	NameRunCodePool = `create + first run_code "1+1", pooled`
+	NameUpload      = "upload throughput"
+	NameDownload    = "download throughput"
+	NameRunc        = "runc run (same rootfs)"
+	NameUnshare     = "unshare + exec (floor)"
+	NamePodman      = "podman run"
+	NameDensity     = "host memory per idle sandbox"
+	NameAgentRSS    = "agent RSS (mean)"
+	NameAgentPSS    = "agent PSS (mean)"
+)
+
+// CreateName is the name of the create latency measure.
+func CreateName(pooled bool, c int) string {
+	kind := "cold"
+	if pooled {
+		kind = "pooled"
+	}
+	return fmt.Sprintf("create %s, concurrency %d", kind, c)
+}
+
 // Run measures everything the options ask for.
 func Run(ctx context.Context, o Options) (*Report, error) {
 	host, _ := os.Hostname()
-	rep := &Report{Time: time.Now().UTC(), Host: host, CPUs: numCPU(), Template: o.Template}
+	rep := &Report{Time: time.Now().UTC(), Host: host, CPUs: numCPU(), Kernel: kernelRelease(), Template: o.Template}
 	add := func(s Stat) {
 		rep.Stats = append(rep.Stats, s)
 		o.logf("  %-40s %s", s.Name, s.Short())
@@ -96,7 +149,7 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 			}
 			add(st)
 			if rate > 0 {
-				add(Stat{Name: st.Name + " rate", Unit: "creates/s", Value: rate})
+				add(Stat{Name: st.Name + " rate", Unit: "creates/s", N: st.N, Value: rate})
 			}
 			if pooled {
 				break // the pool holds a few sandboxes: only concurrency 1 measures it
@@ -108,10 +161,28 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 		return rep, err
 	}
 	defer o.API.Kill(context.WithoutCancel(ctx), sb.SandboxID)
-	if st, err := o.runs(ctx, sb); err != nil {
-		return rep, err
-	} else {
+	for _, m := range []struct {
+		name string
+		fn   func(context.Context, client.Sandbox) error
+	}{
+		{NameCommandsRun, o.runTrue},
+		{NameEnvdTrue, o.envdTrue},
+		{NameNativeExec, o.nativeTrue},
+	} {
+		st, err := o.repeat(ctx, m.name, o.Runs, func() error { return m.fn(ctx, sb) })
+		if err != nil {
+			return rep, err
+		}
 		add(st)
+	}
+	if o.InterpTemplate != "" {
+		sts, err := o.runCode(ctx)
+		if err != nil {
+			return rep, err
+		}
+		for _, s := range sts {
+			add(s)
+		}
 	}
 	if o.TransferMiB > 0 {
 		up, down, err := o.transfer(ctx, sb)
@@ -131,12 +202,47 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 			add(s)
 		}
 	}
+	rep.Ratios = ratios(rep)
 	return rep, nil
+}
+
+// ratios compares the floors (runc run, unshare, podman) with nook's cold
+// and pooled create at concurrency 1: each is the other's p50 over nook's.
+func ratios(rep *Report) []Ratio {
+	var out []Ratio
+	for _, other := range []string{NameRunc, NameUnshare, NamePodman} {
+		st, ok := rep.Stat(other)
+		if !ok || st.N == 0 {
+			continue
+		}
+		for _, pooled := range []bool{false, true} {
+			ns, ok := rep.Stat(CreateName(pooled, 1))
+			if !ok || ns.N == 0 || ns.P50 == 0 {
+				continue
+			}
+			out = append(out, Ratio{Name: other + " p50 / nook " + ns.Name + " p50", Nook: ns.P50, Other: st.P50, Ratio: st.P50 / ns.P50})
+		}
+	}
+	return out
+}
+
+// repeat times n calls of fn.
+func (o *Options) repeat(ctx context.Context, name string, n int, fn func() error) (Stat, error) {
+	o.logf("%s: %d round trips", name, n)
+	var samples []time.Duration
+	for i := 0; i < n; i++ {
+		t := time.Now()
+		if err := fn(); err != nil {
+			return Stat{}, fmt.Errorf("%s: %w", name, err)
+		}
+		samples = append(samples, time.Since(t))
+	}
+	return summarize(name, samples), nil
 }
 
 // Short renders a stat in one line.
 func (s Stat) Short() string {
-	if s.N == 0 {
+	if s.N == 0 || s.Unit != "ms" {
 		if s.Note != "" && s.Value == 0 {
 			return s.Note
 		}
@@ -145,11 +251,21 @@ func (s Stat) Short() string {
 	return fmt.Sprintf("p50 %.2f  p90 %.2f  p99 %.2f %s (n=%d)", s.P50, s.P90, s.P99, s.Unit, s.N)
 }
 
-// runTrue runs `true` the way commands.run does and waits for its end.
+// runTrue runs `true` the way commands.run does (bash -l -c true) and
+// waits for its end.
 func (o *Options) runTrue(ctx context.Context, sb client.Sandbox) error {
+	return o.runProc(ctx, sb, "/bin/bash", "-l", "-c", "true")
+}
+
+// envdTrue runs /bin/true through envd's process service.
+func (o *Options) envdTrue(ctx context.Context, sb client.Sandbox) error {
+	return o.runProc(ctx, sb, "/bin/true")
+}
+
+func (o *Options) runProc(ctx context.Context, sb client.Sandbox, cmd string, args ...string) error {
 	pc := o.Sandboxes.Process(sb, "")
 	stream, err := pc.Start(ctx, connect.NewRequest(&process.StartRequest{
-		Process: &process.ProcessConfig{Cmd: "/bin/bash", Args: []string{"-l", "-c", "true"}},
+		Process: &process.ProcessConfig{Cmd: cmd, Args: args},
 	}))
 	if err != nil {
 		return err
@@ -158,7 +274,7 @@ func (o *Options) runTrue(ctx context.Context, sb client.Sandbox) error {
 	for stream.Receive() {
 		if end := stream.Msg().GetEvent().GetEnd(); end != nil {
 			if end.GetExitCode() != 0 {
-				return fmt.Errorf("true exited %d", end.GetExitCode())
+				return fmt.Errorf("%s exited %d", cmd, end.GetExitCode())
 			}
 			return nil
 		}
@@ -171,15 +287,11 @@ func (o *Options) runTrue(ctx context.Context, sb client.Sandbox) error {
 
 // creates measures create-until-a-command-answers at concurrency c.
 func (o *Options) creates(ctx context.Context, c int, pooled bool) (Stat, float64, error) {
-	kind := "cold"
-	if pooled {
-		kind = "pooled"
-	}
 	n := o.Creates
 	if c > n {
 		n = c
 	}
-	name := fmt.Sprintf("create %s, concurrency %d", kind, c)
+	name := CreateName(pooled, c)
 	o.logf("%s: %d creates", name, n)
 	var (
 		mu      sync.Mutex
@@ -200,12 +312,14 @@ func (o *Options) creates(ctx context.Context, c int, pooled bool) (Stat, float6
 			defer wg.Done()
 			for range jobs {
 				if pooled {
-					o.waitPool(ctx)
+					o.waitPool(ctx, o.Template)
 				}
 				t := time.Now()
 				sb, err := o.API.Create(ctx, client.CreateRequest{TemplateID: o.Template, Timeout: 120, NoPool: !pooled})
 				if err == nil {
-					err = o.runTrue(ctx, sb)
+					// "Answers a command": /bin/true through envd (the
+					// bash -l of commands.run is timed on its own).
+					err = o.envdTrue(ctx, sb)
 				}
 				d := time.Since(t)
 				mu.Lock()
@@ -241,18 +355,14 @@ func (o *Options) creates(ctx context.Context, c int, pooled bool) (Stat, float6
 }
 
 // waitPool waits (untimed) until the template's pool has a sandbox.
-func (o *Options) waitPool(ctx context.Context) {
-	for i := 0; i < 200; i++ {
+func (o *Options) waitPool(ctx context.Context, tpl string) {
+	for i := 0; i < 400; i++ {
 		sizes, err := o.API.PoolSizes(ctx)
-		if err != nil || sizes[o.Template] > 0 {
+		if err != nil || sizes[tpl] > 0 {
 			return
 		}
 		time.Sleep(25 * time.Millisecond)
 	}
-}
-
-func createReq(tpl string) client.CreateRequest {
-	return client.CreateRequest{TemplateID: tpl, Timeout: 600}
 }
 
 func killAll(ctx context.Context, api *client.Client, ids []string) {
@@ -268,20 +378,6 @@ func killAll(ctx context.Context, api *client.Client, ids []string) {
 		}()
 	}
 	wg.Wait()
-}
-
-// runs measures the commands.run("true") round trip through the proxy.
-func (o *Options) runs(ctx context.Context, sb client.Sandbox) (Stat, error) {
-	o.logf("commands.run(\"true\"): %d round trips", o.Runs)
-	var samples []time.Duration
-	for i := 0; i < o.Runs; i++ {
-		t := time.Now()
-		if err := o.runTrue(ctx, sb); err != nil {
-			return Stat{}, err
-		}
-		samples = append(samples, time.Since(t))
-	}
-	return summarize(`commands.run("true") round trip`, samples), nil
 }
 
 // transfer measures upload and download throughput of TransferMiB.
@@ -302,8 +398,8 @@ func (o *Options) transfer(ctx context.Context, sb client.Sandbox) (Stat, Stat, 
 	if cw.n != size {
 		return Stat{}, Stat{}, fmt.Errorf("downloaded %d bytes, want %d", cw.n, size)
 	}
-	return Stat{Name: "upload throughput", Unit: "MiB/s", Value: up},
-		Stat{Name: "download throughput", Unit: "MiB/s", Value: down}, nil
+	return Stat{Name: NameUpload, Unit: "MiB/s", N: 1, Value: up, Note: fmt.Sprintf("%d MiB", o.TransferMiB)},
+		Stat{Name: NameDownload, Unit: "MiB/s", N: 1, Value: down, Note: fmt.Sprintf("%d MiB", o.TransferMiB)}, nil
 }
 
 type zeroReader struct{}
