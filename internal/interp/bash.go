@@ -104,7 +104,9 @@ func StartBash(o KernelOptions) (Kernel, error) {
 func shellQuote(s string) string { return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'" }
 
 func (k *bashKernel) Execute(code string, env map[string]string, emit func(Event)) error {
-	k.seq++
+	if code != "" {
+		k.seq++
+	}
 	marker := "__NOOK_END_" + newID()[:16] + "__"
 	var script bytes.Buffer
 	keys := sortedKeys(env)

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"sort"
 	"strconv"
 	"strings"
@@ -87,6 +88,18 @@ func LookupUser(passwd, name string) (*User, error) {
 // nook-interp dies, as o.User, in o.Cwd.
 func (o KernelOptions) command(name string, args ...string) *exec.Cmd {
 	cmd := exec.Command(name, args...)
+	// Find name on the kernel's PATH, not nook-interp's.
+	for _, kv := range o.Env {
+		if path, ok := strings.CutPrefix(kv, "PATH="); ok {
+			for _, dir := range filepath.SplitList(path) {
+				p := filepath.Join(dir, name)
+				if fi, err := os.Stat(p); err == nil && !fi.IsDir() && fi.Mode()&0o111 != 0 {
+					cmd.Path, cmd.Err = p, nil
+					break
+				}
+			}
+		}
+	}
 	cmd.Dir = o.Cwd
 	cmd.Env = o.Env
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}

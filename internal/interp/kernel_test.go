@@ -98,7 +98,7 @@ func TestNodeKernel(t *testing.T) {
 	select {
 	case err := <-done:
 		if err != nil {
-			t.Fatal(err)
+			t.Fatal(err, c.events)
 		}
 	case <-time.After(5 * time.Second):
 		t.Fatal("interrupt did not stop the loop")
@@ -158,7 +158,7 @@ func TestBashKernel(t *testing.T) {
 }
 
 func TestPythonKernel(t *testing.T) {
-	if exec.Command("python3", "-c", "import ipykernel").Run() != nil {
+	if exec.Command("/usr/bin/python3", "-c", "import ipykernel").Run() != nil {
 		t.Skip("python3-ipykernel not installed")
 	}
 	k := startKernel(t, "python3", StartPython)

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"os"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 )
@@ -23,6 +24,8 @@ type nodeKernel struct {
 	evs  chan map[string]any
 	wmu  sync.Mutex
 	done chan struct{} // closed when the event pipe ends
+	busy atomic.Bool   // a cell runs
+	seq  atomic.Int64  // cells started
 }
 
 // StartNode starts the JavaScript kernel (needs `node` on the PATH).
@@ -98,6 +101,9 @@ func StartNode(o KernelOptions) (Kernel, error) {
 }
 
 func (k *nodeKernel) Execute(code string, env map[string]string, emit func(Event)) error {
+	k.seq.Add(1)
+	k.busy.Store(true)
+	defer k.busy.Store(false)
 	b, _ := json.Marshal(map[string]any{"code": code, "env": env})
 	k.wmu.Lock()
 	_, err := k.req.Write(append(b, '\n'))
@@ -143,7 +149,21 @@ func (k *nodeKernel) forward(ev map[string]any, emit func(Event)) {
 	}
 }
 
-func (k *nodeKernel) Interrupt() error { return k.p.signal(syscall.SIGINT) }
+// Interrupt rejects an awaited promise (SIGUSR2) and, when the cell is
+// still running a moment later (a synchronous loop), breaks it with SIGINT.
+func (k *nodeKernel) Interrupt() error {
+	if err := k.p.signal(syscall.SIGUSR2); err != nil {
+		return err
+	}
+	seq := k.seq.Load()
+	go func() {
+		time.Sleep(300 * time.Millisecond)
+		if k.busy.Load() && k.seq.Load() == seq {
+			_ = k.p.signal(syscall.SIGINT)
+		}
+	}()
+	return nil
+}
 
 func (k *nodeKernel) Dead() <-chan struct{} { return k.p.dead }
 

@@ -48,9 +48,11 @@ const server = repl.start({
 const useConsole = () => { server.context.console = console; };
 useConsole();
 server.on('reset', useConsole);
-// Between cells a SIGINT must not end the process; during an awaited
-// promise it rejects the wait (the REPL's own SIGINT handling).
-process.on('SIGINT', () => server.emit('SIGINT'));
+// Interrupts: SIGUSR2 rejects an awaited promise (the REPL's own SIGINT
+// handling); a synchronous loop, which keeps that handler from running,
+// is broken by a SIGINT (breakEvalOnSigint). No SIGINT listener may be
+// installed: it would defeat the REPL's SIGINT watchdog.
+process.on('SIGUSR2', () => server.emit('SIGINT'));
 process.on('uncaughtException', (e) => out({ type: 'stderr', text: 'Uncaught ' + (e && e.stack || String(e)) + '\n' }));
 process.on('unhandledRejection', (e) => out({ type: 'stderr', text: 'Unhandled rejection: ' + (e && e.stack || String(e)) + '\n' }));
 

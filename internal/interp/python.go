@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net"
 	"os"
 	"path/filepath"
@@ -36,12 +37,12 @@ type pythonKernel struct {
 func StartPython(o KernelOptions) (Kernel, error) {
 	connFile := filepath.Join(o.Dir, "kernel-"+newID()[:12]+".json")
 	o.Env = envList(o.Env, map[string]string{
-		"MPLBACKEND":       "module://matplotlib_inline.backend_inline",
+		"MPLBACKEND":                     "module://matplotlib_inline.backend_inline",
 		"PYDEVD_DISABLE_FILE_VALIDATION": "1",
 	})
 	cmd := o.command("python3", "-m", "ipykernel_launcher", "-f", connFile,
 		"--HistoryManager.enabled=False", "--InteractiveShell.colors=NoColor", "--IPKernelApp.quiet=True")
-	cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
+	cmd.Stderr = os.Stderr // its banner goes to stdout: dropped
 	p, err := startProc(cmd)
 	if err != nil {
 		return nil, fmt.Errorf("start python kernel: %w", err)
@@ -52,9 +53,12 @@ func StartPython(o KernelOptions) (Kernel, error) {
 		return nil, err
 	}
 	_ = os.Remove(connFile)
-	if _, err := k.run(pythonStartup, true, nil); err != nil {
+	if cellErr, err := k.run(pythonStartup, true, nil); err != nil {
 		k.Close()
 		return nil, fmt.Errorf("python kernel startup code: %w", err)
+	} else if cellErr != nil {
+		// Charts and data results are missing, nothing else.
+		slog.Warn("python kernel startup code failed", "name", (*cellErr)["name"], "value", (*cellErr)["value"])
 	}
 	return k, nil
 }
@@ -180,7 +184,10 @@ func (k *pythonKernel) forget(id string) {
 func (k *pythonKernel) run(code string, silent bool, emit func(Event)) (*Event, error) {
 	id, ch, err := k.send(k.shell, "execute_request", map[string]any{
 		"code": code, "silent": silent, "store_history": !silent,
-		"user_expressions": map[string]any{}, "allow_stdin": false, "stop_on_error": true,
+		// stop_on_error would make ipykernel abort requests that arrive
+		// right after an error (such as the cell queued behind an
+		// interrupted one); cells are queued here, one at a time.
+		"user_expressions": map[string]any{}, "allow_stdin": false, "stop_on_error": false,
 	})
 	if err != nil {
 		return nil, ErrKernelDied
@@ -206,9 +213,15 @@ func (k *pythonKernel) run(code string, silent bool, emit func(Event)) (*Event, 
 		case "execute_reply":
 			replied = true
 			var c struct {
-				ExecutionCount *int `json:"execution_count"`
+				Status         string `json:"status"`
+				ExecutionCount *int   `json:"execution_count"`
 			}
 			_ = json.Unmarshal(m.Content, &c)
+			if c.Status == "aborted" && cellErr == nil {
+				ev := errorEvent("ExecutionAborted", "the kernel aborted the cell without running it", "")
+				cellErr = &ev
+				emit(ev)
+			}
 			if !silent && c.ExecutionCount != nil {
 				emit(Event{"type": "number_of_executions", "execution_count": *c.ExecutionCount})
 			}

@@ -10,15 +10,28 @@ def __nook_setup():
 
     ip = get_ipython()
 
-    class _ChartFormatter(BaseFormatter):
+    # The formatters find their types by name themselves: matplotlib's
+    # inline backend removes every printer registered for Figure when it
+    # activates.
+    class _ByName(BaseFormatter):
+        _return_type = (dict,)
+        _by_name = {}
+
+        def __call__(self, obj):
+            t = type(obj)
+            f = self._by_name.get((t.__module__, t.__name__))
+            if f is None or not self.enabled:
+                return None
+            r = f(obj)
+            return r if isinstance(r, dict) else None
+
+    class _ChartFormatter(_ByName):
         format_type = Unicode("application/vnd.nook.chart+json")
         print_method = ObjectName("_repr_nook_chart_")
-        _return_type = (dict,)
 
-    class _DataFormatter(BaseFormatter):
+    class _DataFormatter(_ByName):
         format_type = Unicode("application/vnd.nook.data+json")
         print_method = ObjectName("_repr_nook_data_")
-        _return_type = (dict,)
 
     def _num(v):
         try:
@@ -87,10 +100,10 @@ def __nook_setup():
 
     df = ip.display_formatter
     chart = _ChartFormatter(parent=df)
-    chart.for_type_by_name("matplotlib.figure", "Figure", _chart)
+    chart._by_name = {("matplotlib.figure", "Figure"): _chart}
     df.formatters[chart.format_type] = chart
     data = _DataFormatter(parent=df)
-    data.for_type_by_name("pandas.core.frame", "DataFrame", _data)
+    data._by_name = {("pandas.core.frame", "DataFrame"): _data}
     df.formatters[data.format_type] = data
 
     saved = []

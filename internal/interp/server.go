@@ -87,8 +87,8 @@ type Context struct {
 	jobs chan func() // executions, in arrival order, run one at a time
 	quit chan struct{}
 
-	kmu      sync.Mutex // held while a kernel starts or runs a cell
-	kernel   Kernel     // guarded by kmu
+	kmu      sync.Mutex                // held while a kernel starts or runs a cell
+	kernel   Kernel                    // guarded by kmu
 	cur      atomic.Pointer[kernelRef] // the kernel, readable without kmu
 	startErr error
 	started  chan struct{} // closed when the first start attempt finished

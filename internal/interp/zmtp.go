@@ -35,6 +35,8 @@ type zsock struct {
 	wmu  sync.Mutex
 }
 
+func newReader(c net.Conn) *bufio.Reader { return bufio.NewReaderSize(c, 64<<10) }
+
 // greeting is the 64-byte ZMTP 3.0 greeting with the NULL mechanism, as client.
 func greeting() []byte {
 	g := make([]byte, 64)
@@ -52,7 +54,7 @@ func dialZMTP(addr, socketType string, timeout time.Duration) (*zsock, error) {
 	if err != nil {
 		return nil, err
 	}
-	z := &zsock{conn: conn, r: bufio.NewReaderSize(conn, 64<<10)}
+	z := &zsock{conn: conn, r: newReader(conn)}
 	if err := z.handshake(socketType, timeout); err != nil {
 		conn.Close()
 		return nil, fmt.Errorf("zmtp handshake with %s: %w", addr, err)
