@@ -122,6 +122,10 @@ print("hostdata" if os.path.exists(` + strconv.Quote(dataDir) + `) else "no-host
 		mustFail(t, a, "root", "open a raw socket (forged addresses, ARP on the bridge)",
 			`python3 -c "import socket; socket.socket(socket.AF_PACKET, socket.SOCK_RAW)"`)
 		mustFail(t, a, "root", "take eth0 down (needs CAP_NET_ADMIN)", "ip link set eth0 down || ip link set lo down")
+		// Sandboxes share the host's session keyring (runc --no-new-keyring):
+		// the keyring syscalls must stay denied.
+		mustFail(t, a, "root", "use the session keyring (keyctl)",
+			`python3 -c "import ctypes,sys; sys.exit(0 if ctypes.CDLL(None).syscall(250, 0, -3, 0) >= 0 else 1)"`)
 		if after, _ := os.Hostname(); after != hostName {
 			t.Errorf("SECURITY: the host's hostname changed from %q to %q", hostName, after)
 		}
