@@ -2,7 +2,10 @@
 # Installs the Debian packages nook and its tests need. Idempotent.
 set -euo pipefail
 need=()
-for pkg in runc mmdebstrap iproute2 uidmap curl ca-certificates busybox-static; do
+# python3-ipykernel, python3-matplotlib-inline and nodejs: the code
+# interpreter's kernel unit tests run them on the host.
+for pkg in runc mmdebstrap iproute2 uidmap curl ca-certificates busybox-static \
+  python3-ipykernel python3-matplotlib-inline nodejs; do
   dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || need+=("$pkg")
 done
 # gVisor's runsc (pause with memory) comes from bookworm-backports.

@@ -55,7 +55,7 @@ func (i headerInterceptor) WrapStreamingHandler(next connect.StreamingHandlerFun
 func newTestAgent(t *testing.T) *testAgent {
 	t.Helper()
 	if os.Getuid() != 0 {
-		t.Skip("tests need root (setuid to nobody)")
+		t.Fatal("tests need root (setuid to nobody)")
 	}
 	dir := t.TempDir()
 	for _, d := range []string{dir, filepath.Dir(dir)} {

@@ -361,7 +361,7 @@ func TestFileMetadata(t *testing.T) {
 	probe := filepath.Join(ta.dir, "probe")
 	writeFile(t, probe, "")
 	if err := syscall.Setxattr(probe, "user.nook.probe", []byte("1"), 0); err != nil {
-		t.Skipf("no user xattrs here: %v", err)
+		t.Fatalf("no user xattrs here: %v", err)
 	}
 	target := filepath.Join(ta.dir, "m.txt")
 	r, b := ta.do(t, "POST", "/files?path="+url.QueryEscape(target), strings.NewReader("x"), map[string]string{"Content-Type": "application/octet-stream", "X-Metadata-Team": "infra"})

@@ -11,7 +11,7 @@ import (
 
 func TestCopyAndCache(t *testing.T) {
 	if os.Geteuid() != 0 {
-		t.Skip("needs root (chown)")
+		t.Fatal("needs root (chown)")
 	}
 	ctxDir := t.TempDir()
 	os.WriteFile(filepath.Join(ctxDir, "hello.txt"), []byte("hello"), 0o644)

@@ -26,7 +26,7 @@ import (
 
 func needRoot(t *testing.T) {
 	if os.Geteuid() != 0 {
-		t.Skip("needs root (chown, mknod, trusted xattrs)")
+		t.Fatal("needs root (chown, mknod, trusted xattrs)")
 	}
 }
 

@@ -39,7 +39,7 @@ func (c *collected) first(kind string) Event {
 func startKernel(t *testing.T, bin string, start Starter) Kernel {
 	t.Helper()
 	if _, err := exec.LookPath(bin); err != nil {
-		t.Skipf("%s not installed", bin)
+		t.Fatalf("%s not installed (scripts/install-deps.sh installs it)", bin)
 	}
 	k, err := start(KernelOptions{Cwd: t.TempDir(), Env: []string{"PATH=/usr/local/bin:/usr/bin:/bin", "KEEP=image"}, Dir: t.TempDir()})
 	if err != nil {
@@ -159,7 +159,7 @@ func TestBashKernel(t *testing.T) {
 
 func TestPythonKernel(t *testing.T) {
 	if exec.Command("/usr/bin/python3", "-c", "import ipykernel").Run() != nil {
-		t.Skip("python3-ipykernel not installed")
+		t.Fatal("python3-ipykernel not installed (scripts/install-deps.sh installs it)")
 	}
 	k := startKernel(t, "python3", StartPython)
 	run(t, k, "x = 41", nil)

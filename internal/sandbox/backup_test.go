@@ -125,7 +125,7 @@ func (f *fakeBucket) object(t *testing.T, key string) (data []byte, meta map[str
 func newBackupManager(t *testing.T, bucket backupstore.Store) (*Manager, string, string) {
 	t.Helper()
 	if os.Geteuid() != 0 {
-		t.Skip("needs root: restores give files the sandbox's owners")
+		t.Fatal("needs root: restores give files the sandbox's owners")
 	}
 	dir := t.TempDir()
 	st, err := store.Open(filepath.Join(dir, "db"))

@@ -16,7 +16,7 @@ func sleep(ms int) { time.Sleep(time.Duration(ms) * time.Millisecond) }
 // also after nook serve is killed and restarted.
 func TestMemoryPauseGvisor(t *testing.T) {
 	if _, err := exec.LookPath("runsc"); err != nil {
-		t.Skip("runsc not installed (apt-get install -t bookworm-backports runsc)")
+		t.Fatal("runsc not installed (scripts/install-deps.sh installs it from bookworm-backports)")
 	}
 	id := create(t, map[string]any{"templateID": "base-gvisor"})
 	run(t, id, `setsid nohup python3 -c '
