@@ -493,31 +493,21 @@ func runAs(t testing.TB, id, user, cmd string, limit time.Duration) result {
 		args = append(args, "-u", user)
 	}
 	args = append(args, id, "--", cmd)
-	var r result
-	for try := 1; ; try++ {
-		c := exec.CommandContext(ctx, nookBin, args...)
-		var stdout, stderr bytes.Buffer
-		c.Stdout, c.Stderr = &stdout, &stderr
-		err := c.Run()
-		r = result{Stdout: stdout.String(), Stderr: stderr.String()}
-		var exit *exec.ExitError
-		switch {
-		case err == nil:
-		case errors.As(err, &exit) && exit.ExitCode() >= 0:
-			r.Code = exit.ExitCode()
-		default:
-			r.Code = -1
-			r.Stderr += fmt.Sprintf("\n[nook sandbox run: %v]", err)
-		}
-		// A stream the proxy cut short (see TestProxyStreamsAreComplete)
-		// is retried so that other tests test what they mean to; every
-		// retry is logged.
-		if r.Code == 1 && strings.Contains(r.Stderr, "incomplete envelope") && try < 4 && ctx.Err() == nil {
-			t.Logf("retrying %q in %s: the output stream was cut: %s", clip(cmd), id, strings.TrimSpace(r.Stderr))
-			continue
-		}
-		return r
+	c := exec.CommandContext(ctx, nookBin, args...)
+	var stdout, stderr bytes.Buffer
+	c.Stdout, c.Stderr = &stdout, &stderr
+	err := c.Run()
+	r := result{Stdout: stdout.String(), Stderr: stderr.String()}
+	var exit *exec.ExitError
+	switch {
+	case err == nil:
+	case errors.As(err, &exit) && exit.ExitCode() >= 0:
+		r.Code = exit.ExitCode()
+	default:
+		r.Code = -1
+		r.Stderr += fmt.Sprintf("\n[nook sandbox run: %v]", err)
 	}
+	return r
 }
 
 // root runs cmd as root in the sandbox and bounds it to a minute.
