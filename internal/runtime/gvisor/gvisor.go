@@ -24,7 +24,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"syscall"
 	"time"
 
 	specs "github.com/opencontainers/runtime-spec/specs-go"
@@ -132,18 +131,10 @@ func (d *Driver) start(ctx context.Context, s runtime.Spec, image string) (err e
 		return err
 	}
 	adapt(spec)
-	cfg, err := json.Marshal(spec)
-	if err != nil {
+	if err := runc.WriteConfig(dir, spec); err != nil {
 		return err
 	}
-	if err := os.WriteFile(filepath.Join(dir, "config.json"), cfg, 0o600); err != nil {
-		return err
-	}
-	logPath := s.LogPath
-	if logPath == "" {
-		logPath = os.DevNull
-	}
-	logf, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND|syscall.O_NOFOLLOW, 0o600)
+	logf, err := runc.OpenLog(s.LogPath)
 	if err != nil {
 		return err
 	}

@@ -16,6 +16,7 @@ import (
 	"syscall"
 	"time"
 
+	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"golang.org/x/sys/unix"
 
 	"github.com/nookhq/nook/internal/runtime"
@@ -97,18 +98,10 @@ func (d *Driver) Start(ctx context.Context, s runtime.Spec) (err error) {
 	if err != nil {
 		return err
 	}
-	cfg, err := json.Marshal(spec)
-	if err != nil {
+	if err := WriteConfig(dir, spec); err != nil {
 		return err
 	}
-	if err := os.WriteFile(filepath.Join(dir, "config.json"), cfg, 0o600); err != nil {
-		return err
-	}
-	logPath := s.LogPath
-	if logPath == "" {
-		logPath = os.DevNull
-	}
-	logf, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND|syscall.O_NOFOLLOW, 0o600)
+	logf, err := OpenLog(s.LogPath)
 	if err != nil {
 		return err
 	}
@@ -127,6 +120,24 @@ func (d *Driver) Start(ctx context.Context, s runtime.Spec) (err error) {
 		return fmt.Errorf("runc run: %w: %s", err, lastRuncError(errLog))
 	}
 	return nil
+}
+
+// WriteConfig writes spec as the bundle's config.json in dir.
+func WriteConfig(dir string, spec *specs.Spec) error {
+	cfg, err := json.Marshal(spec)
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(filepath.Join(dir, "config.json"), cfg, 0o600)
+}
+
+// OpenLog opens the file that receives PID 1's output (/dev/null when path
+// is empty) for appending, never through a symlink.
+func OpenLog(path string) (*os.File, error) {
+	if path == "" {
+		path = os.DevNull
+	}
+	return os.OpenFile(path, os.O_CREATE|os.O_WRONLY|os.O_APPEND|syscall.O_NOFOLLOW, 0o600)
 }
 
 // mountRoot mounts a tmpfs writable layer of size bytes and the overlay root
