@@ -133,11 +133,13 @@ type Manager struct {
 	pool   *pool
 
 	ops opLocks // one pause/resume/kill of a sandbox at a time (pause.go)
-	// creating counts creates in flight: the pool refills when it is 0.
-	creating  atomic.Int64
-	mu        sync.Mutex
-	live      map[string]*live  // guarded by mu
-	killHooks []func(id string) // guarded by mu
+	// creating counts creates in flight and lastCreate is when the last one
+	// answered (unix ns): the pool refills once both say the API is quiet.
+	creating   atomic.Int64
+	lastCreate atomic.Int64
+	mu         sync.Mutex
+	live       map[string]*live  // guarded by mu
+	killHooks  []func(id string) // guarded by mu
 }
 
 // live is a running sandbox's in-memory state. Its fields are guarded by
@@ -229,7 +231,10 @@ func (m *Manager) Create(ctx context.Context, o CreateOptions) (_ Sandbox, err e
 		return Sandbox{}, fmt.Errorf("template %q is %s, not READY: %w", tpl.ID, tpl.State, errdefs.ErrConflict)
 	}
 	m.creating.Add(1)
-	defer m.creating.Add(-1)
+	defer func() {
+		m.lastCreate.Store(time.Now().UnixNano())
+		m.creating.Add(-1)
+	}()
 	b, pooled := booted{}, false
 	if o.from == nil {
 		b, pooled = m.pool.claim(tpl, o)

@@ -92,11 +92,21 @@ func (p *pool) refill(tplID string) {
 	}()
 }
 
-// waitIdle lets live creates go first: it waits (up to a second) until no
-// create is in flight, so that a refill boot does not compete for the
-// CPU with the create that claimed the pool's sandbox.
+// refillQuiet is how long after the last create a refill boot waits: a
+// new sandbox's first commands usually follow its create at once, and a
+// boot (tens of ms of CPU) beside them would slow them down.
+const refillQuiet = 50 * time.Millisecond
+
+// waitIdle lets live work go first: it waits (up to a second) until no
+// create is in flight and none answered within refillQuiet, so that a
+// refill boot does not compete for the CPU with the create that claimed
+// the pool's sandbox or with that sandbox's first commands.
 func (p *pool) waitIdle() {
-	for i := 0; i < 500 && p.m.creating.Load() > 0; i++ {
+	for i := 0; i < 500; i++ {
+		quiet := time.Since(time.Unix(0, p.m.lastCreate.Load())) >= refillQuiet
+		if p.m.creating.Load() == 0 && quiet {
+			return
+		}
 		time.Sleep(2 * time.Millisecond)
 	}
 }
