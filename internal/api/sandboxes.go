@@ -70,7 +70,10 @@ type sandboxDetail struct {
 	DiskSizeMB      int64             `json:"diskSizeMB"`
 	Metadata        map[string]string `json:"metadata"`
 	State           string            `json:"state"`
-	pauseDetail                       // lifecycle and pause mode (pause.go)
+	// AllowInternetAccess and Network are set by GET /sandboxes/{id} only.
+	AllowInternetAccess *bool       `json:"allowInternetAccess,omitempty"`
+	Network             *e2bNetwork `json:"network,omitempty"`
+	pauseDetail                     // lifecycle and pause mode (pause.go)
 }
 
 const clientID = "nook"
@@ -149,7 +152,22 @@ func (s *Server) getSandbox(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, err)
 		return
 	}
-	writeJSON(w, http.StatusOK, s.detail(sb, true))
+	d := s.detail(sb, true)
+	// The e2b SDK's getInfo reads the egress settings back (secrets
+	// redacted); a nook without networking has none to show.
+	if cfg, err := s.Sandboxes.NetworkOf(sb.ID); err == nil {
+		allow := cfg.AllowInternet == nil || *cfg.AllowInternet
+		d.AllowInternetAccess = &allow
+		d.Network = &e2bNetwork{AllowOut: cfg.AllowOut, DenyOut: cfg.DenyOut, Rules: cfg.Rules}
+	}
+	writeJSON(w, http.StatusOK, d)
+}
+
+// e2bNetwork is the network part of E2B's SandboxDetail.
+type e2bNetwork struct {
+	AllowOut []string                         `json:"allowOut,omitempty"`
+	DenyOut  []string                         `json:"denyOut,omitempty"`
+	Rules    map[string][]sandbox.NetworkRule `json:"rules,omitempty"`
 }
 
 func (s *Server) killSandbox(w http.ResponseWriter, r *http.Request) {

@@ -64,6 +64,19 @@ describe('sandbox lifecycle', { timeout: 60_000 }, () => {
     assert.equal(r.stdout, 'hello world|x=y')
   })
 
+  test('getInfo reports the egress settings the create asked for', async (t) => {
+    const open = await createSandbox(t)
+    assert.equal((await open.getInfo()).allowInternetAccess, true)
+    const closed = await createSandbox(t, {
+      allowInternetAccess: false,
+      network: { allowOut: ['10.99.0.0/16'], denyOut: ['10.99.1.0/24'] },
+    })
+    const info = await closed.getInfo()
+    assert.equal(info.allowInternetAccess, false)
+    assert.deepEqual(info.network?.allowOut, ['10.99.0.0/16'])
+    assert.deepEqual(info.network?.denyOut, ['10.99.1.0/24'])
+  })
+
   test('list filters by metadata', async (t) => {
     const run = unique('list')
     const sbx = await createSandbox(t, { metadata: { suite: 'sandbox', run } })
