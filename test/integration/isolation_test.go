@@ -161,7 +161,7 @@ print("hostdata" if os.path.exists(` + strconv.Quote(dataDir) + `) else "no-host
 				t.Errorf("sandbox %s: PID 1 is %q, want nook-agent", b, l)
 			}
 		}
-		if serve := srv.pid(); serve > 0 {
+		if serve := srv.PID(); serve > 0 {
 			if ok, _ := attempt(t, b, "root", fmt.Sprintf("test -e /proc/%d && grep -q serve /proc/%d/cmdline", serve, serve)); ok {
 				t.Errorf("SECURITY: sandbox %s sees nook serve (host pid %d)", b, serve)
 			}

@@ -60,12 +60,12 @@ func TestServeSIGKILLRecovery(t *testing.T) {
 		}
 	}
 
-	srv.kill()
+	srv.Kill()
 	restarted := false
 	defer func() {
 		if !restarted {
 			// Keep the rest of the suite running.
-			if err := srv.start(); err != nil {
+			if err := srv.Start(); err != nil {
 				t.Errorf("restart nook serve: %v", err)
 			}
 		}
@@ -93,7 +93,7 @@ func TestServeSIGKILLRecovery(t *testing.T) {
 	})
 
 	restarted = true
-	if err := srv.start(); err != nil {
+	if err := srv.Start(); err != nil {
 		t.Fatalf("restart nook serve after SIGKILL: %v", err)
 	}
 
@@ -169,11 +169,11 @@ func TestGracefulStopLeavesNoOrphans(t *testing.T) {
 			killQuiet(l)
 		}
 	}
-	srv.stop()
+	srv.Stop()
 	restarted := false
 	defer func() {
 		if !restarted {
-			if err := srv.start(); err != nil {
+			if err := srv.Start(); err != nil {
 				t.Errorf("restart nook serve: %v", err)
 			}
 		}
@@ -187,7 +187,7 @@ func TestGracefulStopLeavesNoOrphans(t *testing.T) {
 			len(orphans), strings.Join(orphans, "\n  "))
 	}
 	restarted = true
-	if err := srv.start(); err != nil {
+	if err := srv.Start(); err != nil {
 		t.Fatalf("restart nook serve: %v", err)
 	}
 	// The next start removes them.

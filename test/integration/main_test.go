@@ -25,10 +25,10 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
-	"syscall"
 	"testing"
 	"time"
+
+	"github.com/nookhq/nook/test/testenv"
 )
 
 const (
@@ -37,18 +37,15 @@ const (
 	apiURL    = "http://" + apiAddr
 	proxyURL  = "http://" + proxyAddr
 	apiKey    = "nook-integration-test-key"
-	// healthTries bounds the wait for nook serve to answer (the first start
-	// builds the base template, about a minute; 0.5 s per try).
-	healthTries = 1200
+	// healthTimeout bounds the wait for nook serve to answer.
+	healthTimeout = 10 * time.Minute
 )
 
 var (
-	repoRoot string
-	binDir   string
 	nookBin  string
 	agentBin string
 	dataDir  = "/var/lib/nook-test"
-	srv      *server
+	srv      *testenv.Server
 )
 
 func TestMain(m *testing.M) {
@@ -63,47 +60,42 @@ func testMain(m *testing.M) int {
 	if d := os.Getenv("NOOK_TEST_DATA"); d != "" {
 		dataDir = d
 	}
-	var err error
-	repoRoot, err = findRepoRoot()
+	repoRoot, err := testenv.RepoRoot()
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "FAIL:", err)
 		return 1
 	}
-	binDir, err = os.MkdirTemp("", "nook-integration-bin-")
+	binDir, err := os.MkdirTemp("", "nook-integration-bin-")
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "FAIL:", err)
 		return 1
 	}
 	defer os.RemoveAll(binDir)
-	nookBin = filepath.Join(binDir, "nook")
-	agentBin = filepath.Join(binDir, "nook-agent")
-	if err := build(agentBin, "./cmd/nook-agent"); err != nil {
-		fmt.Fprintln(os.Stderr, "FAIL:", err)
-		return 1
-	}
-	if err := build(nookBin, "./cmd/nook"); err != nil {
-		fmt.Fprintln(os.Stderr, "FAIL:", err)
-		return 1
-	}
 	// nook serve expects its other in-sandbox binaries beside nook-agent.
-	for _, extra := range []string{"nook-interp"} {
-		if _, err := os.Stat(filepath.Join(repoRoot, "cmd", extra)); err == nil {
-			if err := build(filepath.Join(binDir, extra), "./cmd/"+extra); err != nil {
-				fmt.Fprintln(os.Stderr, "FAIL:", err)
-				return 1
-			}
-		}
+	bins, err := testenv.Build(repoRoot, binDir)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "FAIL:", err)
+		return 1
 	}
+	nookBin, agentBin = bins.Nook, bins.Agent
 	// Like `make test`: built-in templates' root filesystems are shared
 	// between the test suites' data dirs, so each is built once.
 	if os.Getenv("NOOK_ROOTFS_CACHE") == "" {
-		os.Setenv("NOOK_ROOTFS_CACHE", "/var/lib/nook-rootfs-cache")
+		os.Setenv("NOOK_ROOTFS_CACHE", testenv.RootfsCache)
 	}
-	srv = &server{logPath: filepath.Join(binDir, "serve.log")}
-	if err := srv.start(); err != nil {
+	srv = &testenv.Server{
+		Bin: nookBin, DataDir: dataDir, APIAddr: apiAddr, ProxyAddr: proxyAddr,
+		APIKey: apiKey, AgentPath: agentBin,
+		// NOOK_TEST_SERVE_FLAGS adds flags (e.g. "--network=false").
+		Flags:   strings.Fields(os.Getenv("NOOK_TEST_SERVE_FLAGS")),
+		LogPath: filepath.Join(binDir, "serve.log"),
+		// The first start builds the base template, about a minute.
+		Timeout: healthTimeout,
+	}
+	if err := srv.Start(); err != nil {
 		fmt.Fprintln(os.Stderr, "FAIL: start nook serve:", err)
-		srv.dumpLog(os.Stderr, 60)
-		srv.stop()
+		fmt.Fprintln(os.Stderr, srv.LogTail(60))
+		srv.Stop()
 		return 1
 	}
 	code := m.Run()
@@ -115,18 +107,18 @@ func testMain(m *testing.M) int {
 	}
 	if code != 0 {
 		fmt.Fprintln(os.Stderr, "--- nook serve log (tail) ---")
-		srv.dumpLog(os.Stderr, 80)
+		fmt.Fprintln(os.Stderr, srv.LogTail(80))
 	}
-	srv.stop()
+	srv.Stop()
 	// Leave the shared data dir with nothing running: a stopped nook serve
 	// may leave its warm pool behind (see TestGracefulStopLeavesNoOrphans);
 	// a start without a pool removes it.
 	if len(dirEntriesQuiet(filepath.Join(dataDir, "bundles"))) > 0 {
 		if help, _ := exec.Command(nookBin, "serve", "--help").CombinedOutput(); bytes.Contains(help, []byte("--pool-size")) {
-			if err := srv.start("--pool-size=0"); err != nil {
+			if err := srv.Start("--pool-size=0"); err != nil {
 				fmt.Fprintln(os.Stderr, "final cleanup start:", err)
 			}
-			srv.stop()
+			srv.Stop()
 		}
 	}
 	return code
@@ -139,142 +131,6 @@ func dirEntriesQuiet(dir string) []string {
 		names = append(names, e.Name())
 	}
 	return names
-}
-
-// findRepoRoot returns the module root: ../.. of this package's directory.
-func findRepoRoot() (string, error) {
-	root, err := filepath.Abs(filepath.Join("..", ".."))
-	if err != nil {
-		return "", err
-	}
-	mod, err := os.ReadFile(filepath.Join(root, "go.mod"))
-	if err != nil {
-		return "", fmt.Errorf("repo root %s: %w", root, err)
-	}
-	if !bytes.Contains(mod, []byte("module github.com/nookhq/nook")) {
-		return "", fmt.Errorf("%s/go.mod is not nook's", root)
-	}
-	return root, nil
-}
-
-func goBinary() string {
-	if p, err := exec.LookPath("go"); err == nil {
-		return p
-	}
-	return "/usr/local/go/bin/go"
-}
-
-func build(out, pkg string) error {
-	cmd := exec.Command(goBinary(), "build", "-o", out, pkg)
-	cmd.Dir = repoRoot
-	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
-	if b, err := cmd.CombinedOutput(); err != nil {
-		return fmt.Errorf("go build %s: %v\n%s", pkg, err, b)
-	}
-	return nil
-}
-
-// server is the nook serve process under test.
-type server struct {
-	logPath string
-	mu      sync.Mutex
-	cmd     *exec.Cmd
-	done    chan struct{}
-}
-
-// start runs nook serve and waits (bounded) until /health answers.
-func (s *server) start(extra ...string) error {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	logf, err := os.OpenFile(s.logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
-	if err != nil {
-		return err
-	}
-	defer logf.Close()
-	fmt.Fprintf(logf, "=== nook serve started by the integration tests at %s ===\n", time.Now().Format(time.RFC3339))
-	args := []string{"serve", "--data-dir", dataDir, "--api-key", apiKey,
-		"--listen", apiAddr, "--proxy-listen", proxyAddr, "--agent-path", agentBin}
-	// NOOK_TEST_SERVE_FLAGS adds flags (e.g. "--network=false").
-	args = append(args, strings.Fields(os.Getenv("NOOK_TEST_SERVE_FLAGS"))...)
-	args = append(args, extra...)
-	cmd := exec.Command(nookBin, args...)
-	cmd.Stdout, cmd.Stderr = logf, logf
-	cmd.Env = os.Environ()
-	if err := cmd.Start(); err != nil {
-		return err
-	}
-	done := make(chan struct{})
-	go func() { cmd.Wait(); close(done) }()
-	s.cmd, s.done = cmd, done
-	hc := &http.Client{Timeout: 2 * time.Second}
-	for i := 0; i < healthTries; i++ {
-		select {
-		case <-done:
-			return fmt.Errorf("nook serve exited: %v", cmd.ProcessState)
-		default:
-		}
-		resp, err := hc.Get(apiURL + "/health")
-		if err == nil {
-			resp.Body.Close()
-			if resp.StatusCode == http.StatusNoContent {
-				return nil
-			}
-		}
-		time.Sleep(500 * time.Millisecond)
-	}
-	return fmt.Errorf("nook serve did not answer /health after %d tries", healthTries)
-}
-
-// kill sends SIGKILL to nook serve (only to it: the sandboxes it started
-// are runc containers that outlive it) and waits for it to exit.
-func (s *server) kill() {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.cmd == nil {
-		return
-	}
-	s.cmd.Process.Signal(syscall.SIGKILL)
-	<-s.done
-	s.cmd = nil
-}
-
-// stop ends nook serve with SIGTERM (SIGKILL if it does not exit).
-func (s *server) stop() {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.cmd == nil {
-		return
-	}
-	s.cmd.Process.Signal(syscall.SIGTERM)
-	select {
-	case <-s.done:
-	case <-time.After(15 * time.Second):
-		s.cmd.Process.Signal(syscall.SIGKILL)
-		<-s.done
-	}
-	s.cmd = nil
-}
-
-// pid returns nook serve's pid (0 when it is not running).
-func (s *server) pid() int {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.cmd == nil {
-		return 0
-	}
-	return s.cmd.Process.Pid
-}
-
-func (s *server) dumpLog(w io.Writer, lines int) {
-	data, err := os.ReadFile(s.logPath)
-	if err != nil {
-		return
-	}
-	all := strings.Split(strings.TrimRight(string(data), "\n"), "\n")
-	if len(all) > lines {
-		all = all[len(all)-lines:]
-	}
-	fmt.Fprintln(w, strings.Join(all, "\n"))
 }
 
 // ---- REST API helpers ----

@@ -24,7 +24,7 @@ func waitWarm(t *testing.T) {
 // pooled reports whether the serve log says id came from the warm pool.
 func pooled(t *testing.T, id string) bool {
 	t.Helper()
-	data, err := os.ReadFile(srv.logPath)
+	data, err := os.ReadFile(srv.LogPath)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -7,18 +7,16 @@ package native_test
 import (
 	"context"
 	"fmt"
-	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
 	"github.com/nookhq/nook/internal/store"
 	"github.com/nookhq/nook/internal/template"
 	nook "github.com/nookhq/nook/sdk/go"
+	"github.com/nookhq/nook/test/testenv"
 )
 
 const (
@@ -67,99 +65,41 @@ func setup(m *testing.M) (int, error) {
 		return 0, err
 	}
 	defer os.RemoveAll(binDir)
-	root, err := filepath.Abs("../..")
+	root, err := testenv.RepoRoot()
 	if err != nil {
 		return 0, err
 	}
-	for _, b := range []string{"nook", "nook-agent", "nook-interp"} {
-		if _, err := os.Stat(filepath.Join(root, "cmd", b)); err != nil {
-			continue
-		}
-		cmd := exec.Command(goBin(), "build", "-o", filepath.Join(binDir, b), "./cmd/"+b)
-		cmd.Dir, cmd.Env = root, append(os.Environ(), "CGO_ENABLED=0")
-		if out, err := cmd.CombinedOutput(); err != nil {
-			return 0, fmt.Errorf("build %s: %v\n%s", b, err, out)
-		}
+	bins, err := testenv.Build(root, binDir)
+	if err != nil {
+		return 0, err
 	}
 	if os.Getenv("NOOK_ROOTFS_CACHE") == "" {
-		os.Setenv("NOOK_ROOTFS_CACHE", "/var/lib/nook-rootfs-cache")
+		os.Setenv("NOOK_ROOTFS_CACHE", testenv.RootfsCache)
+	}
+	srv := &testenv.Server{
+		Bin: bins.Nook, DataDir: dataDir, APIAddr: apiAddr, ProxyAddr: proxyAddr, APIKey: apiKey,
+		Flags:   []string{"--pool-size", "0", "--network=false"},
+		LogPath: filepath.Join(os.TempDir(), "nook-test-native.log"),
+		Timeout: 20 * time.Minute,
+		Setpgid: true,
 	}
 	// First start builds the built-in templates; then register the test
 	// templates in the store while nook serve is down, and start again.
-	srv, err := startServe()
-	if err != nil {
+	if err := srv.Start(); err != nil {
 		return 0, err
 	}
-	srv.stop()
+	srv.Stop()
 	if err := registerTemplates(); err != nil {
 		return 0, err
 	}
-	if srv, err = startServe(); err != nil {
+	if err := srv.Start(); err != nil {
 		return 0, err
 	}
-	defer srv.stop()
+	defer srv.Stop()
 	client = nook.NewClient(apiURL, apiKey)
 	code := m.Run()
 	killAll()
 	return code, nil
-}
-
-func goBin() string {
-	if p, err := exec.LookPath("go"); err == nil {
-		return p
-	}
-	return "/usr/local/go/bin/go"
-}
-
-type server struct {
-	cmd *exec.Cmd
-	log *os.File
-}
-
-func startServe() (*server, error) {
-	log, err := os.OpenFile(filepath.Join(os.TempDir(), "nook-test-native.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
-	if err != nil {
-		return nil, err
-	}
-	cmd := exec.Command(filepath.Join(binDir, "nook"), "serve", "--data-dir", dataDir, "--api-key", apiKey,
-		"--listen", apiAddr, "--proxy-listen", proxyAddr, "--pool-size", "0", "--network=false")
-	cmd.Stdout, cmd.Stderr = log, log
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	if err := cmd.Start(); err != nil {
-		return nil, err
-	}
-	s := &server{cmd: cmd, log: log}
-	exited := make(chan struct{})
-	go func() { cmd.Wait(); close(exited) }()
-	deadline := time.Now().Add(20 * time.Minute)
-	for time.Now().Before(deadline) {
-		resp, err := http.Get(apiURL + "/health")
-		if err == nil {
-			resp.Body.Close()
-			if resp.StatusCode < 300 {
-				return s, nil
-			}
-		}
-		select {
-		case <-exited:
-			return nil, fmt.Errorf("nook serve exited; see %s", log.Name())
-		case <-time.After(300 * time.Millisecond):
-		}
-	}
-	s.stop()
-	return nil, fmt.Errorf("nook serve did not come up; see %s", log.Name())
-}
-
-func (s *server) stop() {
-	_ = s.cmd.Process.Signal(syscall.SIGTERM)
-	done := make(chan struct{})
-	go func() { s.cmd.Process.Wait(); close(done) }()
-	select {
-	case <-done:
-	case <-time.After(15 * time.Second):
-		_ = s.cmd.Process.Kill()
-	}
-	s.log.Close()
 }
 
 func registerTemplates() error {

@@ -30,7 +30,6 @@ import (
 	"sort"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
@@ -38,6 +37,7 @@ import (
 	"github.com/vishvananda/netns"
 
 	nooknet "github.com/nookhq/nook/internal/network"
+	"github.com/nookhq/nook/test/testenv"
 )
 
 const (
@@ -55,8 +55,7 @@ const (
 
 var (
 	binDir, nookBin string
-	serveCmd        *exec.Cmd
-	serveLog        string
+	srv             *testenv.Server
 	hostsFile       string
 	caFile          string
 	handlerURL      string
@@ -79,16 +78,17 @@ func testMain(m *testing.M) int {
 		return 1
 	}
 	defer os.RemoveAll(binDir)
-	root, _ := filepath.Abs("../..")
-	for _, b := range []string{"nook", "nook-agent", "nook-interp"} {
-		cmd := exec.Command(goBin(), "build", "-o", filepath.Join(binDir, b), "./cmd/"+b)
-		cmd.Dir, cmd.Env = root, append(os.Environ(), "CGO_ENABLED=0")
-		if out, err := cmd.CombinedOutput(); err != nil {
-			fmt.Fprintf(os.Stderr, "FAIL: build %s: %v\n%s", b, err, out)
-			return 1
-		}
+	root, err := testenv.RepoRoot()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "FAIL:", err)
+		return 1
 	}
-	nookBin = filepath.Join(binDir, "nook")
+	bins, err := testenv.Build(root, binDir)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "FAIL:", err)
+		return 1
+	}
+	nookBin = bins.Nook
 	cleanupInternet()
 	defer cleanupInternet()
 	if err := startInternet(); err != nil {
@@ -104,11 +104,18 @@ func testMain(m *testing.M) int {
 	go http.Serve(hl, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		fmt.Fprintf(w, "handled %s %s by %s", r.Header.Get("X-Forwarded-Host"), r.URL.Path, r.Header.Get("X-Nook-Sandbox-Id"))
 	}))
-	serveLog = filepath.Join(binDir, "serve.log")
-	if err := startServe(); err != nil {
+	srv = &testenv.Server{
+		Bin: nookBin, DataDir: dataDir, APIAddr: apiAddr, ProxyAddr: proxyAddr, APIKey: apiKey,
+		Flags: []string{"--pool-size", "0",
+			"--network-hosts-file", hostsFile, "--network-dns", ipA + ":53", "--network-upstream-ca", caFile},
+		Env:     testenv.RootfsCacheEnv(),
+		LogPath: filepath.Join(binDir, "serve.log"),
+		Timeout: 20 * time.Minute,
+	}
+	if err := srv.Start(); err != nil {
 		fmt.Fprintln(os.Stderr, "FAIL: nook serve:", err)
 		dumpLog()
-		stopServe()
+		srv.Stop()
 		return 1
 	}
 	code := m.Run()
@@ -123,68 +130,15 @@ func testMain(m *testing.M) int {
 	if code != 0 {
 		dumpLog()
 	}
-	stopServe()
+	srv.Stop()
 	if err := nooknet.Remove(dataDir); err != nil {
 		fmt.Fprintln(os.Stderr, "remove instance network:", err)
 	}
 	return code
 }
 
-func goBin() string {
-	if p, err := exec.LookPath("go"); err == nil {
-		return p
-	}
-	return "/usr/local/go/bin/go"
-}
-
 func dumpLog() {
-	data, _ := os.ReadFile(serveLog)
-	lines := strings.Split(string(data), "\n")
-	if len(lines) > 80 {
-		lines = lines[len(lines)-80:]
-	}
-	fmt.Fprintln(os.Stderr, "--- nook serve log (tail) ---\n"+strings.Join(lines, "\n"))
-}
-
-func startServe() error {
-	f, err := os.OpenFile(serveLog, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
-	if err != nil {
-		return err
-	}
-	serveCmd = exec.Command(nookBin, "serve", "--data-dir", dataDir, "--api-key", apiKey,
-		"--listen", apiAddr, "--proxy-listen", proxyAddr, "--pool-size", "0",
-		"--network-hosts-file", hostsFile, "--network-dns", ipA+":53", "--network-upstream-ca", caFile)
-	serveCmd.Stdout, serveCmd.Stderr = f, f
-	serveCmd.Env = os.Environ()
-	if os.Getenv("NOOK_ROOTFS_CACHE") == "" {
-		serveCmd.Env = append(serveCmd.Env, "NOOK_ROOTFS_CACHE=/var/lib/nook-rootfs-cache")
-	}
-	if err := serveCmd.Start(); err != nil {
-		return err
-	}
-	done := make(chan struct{})
-	go func() { serveCmd.Wait(); close(done) }()
-	for i := 0; i < 2400; i++ {
-		select {
-		case <-done:
-			return fmt.Errorf("nook serve exited")
-		default:
-		}
-		if resp, err := http.Get(apiURL + "/health"); err == nil {
-			resp.Body.Close()
-			return nil
-		}
-		time.Sleep(500 * time.Millisecond)
-	}
-	return fmt.Errorf("nook serve did not come up")
-}
-
-func stopServe() {
-	if serveCmd != nil && serveCmd.Process != nil {
-		serveCmd.Process.Signal(syscall.SIGTERM)
-		time.Sleep(time.Second)
-		serveCmd.Process.Kill()
-	}
+	fmt.Fprintln(os.Stderr, "--- nook serve log (tail) ---\n"+srv.LogTail(80))
 }
 
 // --- the fake internet ---

@@ -10,7 +10,6 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -341,12 +340,12 @@ func TestCleanupAfterKill(t *testing.T) {
 	if _, err := net.InterfaceByName(veth); err != nil {
 		t.Fatalf("veth %s: %v", veth, err)
 	}
-	serveCmd.Process.Signal(syscall.SIGKILL)
+	srv.Kill()
 	time.Sleep(500 * time.Millisecond)
 	if o, err := exec.Command("runc", "--root", filepath.Join(dataDir, "runc"), "delete", "--force", id).CombinedOutput(); err != nil {
 		t.Fatalf("runc delete: %v %s", err, o)
 	}
-	if err := startServe(); err != nil {
+	if err := srv.Start(); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := net.InterfaceByName(veth); err == nil {

@@ -35,8 +35,8 @@ while True:
 		t.Fatalf("gvisor sandbox paused in mode %q (%s)", d.PauseMode, d.PauseNote)
 	}
 	t.Logf("memory pause took %s", took)
-	srv.kill()
-	if err := srv.start(); err != nil {
+	srv.Kill()
+	if err := srv.Start(); err != nil {
 		t.Fatal(err)
 	}
 	status, took := connect(t, id)

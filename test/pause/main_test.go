@@ -10,7 +10,6 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -18,10 +17,10 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
-	"syscall"
 	"testing"
 	"time"
+
+	"github.com/nookhq/nook/test/testenv"
 )
 
 const (
@@ -34,8 +33,8 @@ const (
 )
 
 var (
-	repoRoot, binDir, nookBin, agentBin string
-	srv                                 *server
+	nookBin string
+	srv     *testenv.Server
 )
 
 func TestMain(m *testing.M) { os.Exit(testMain(m)) }
@@ -45,12 +44,13 @@ func testMain(m *testing.M) int {
 		fmt.Fprintln(os.Stderr, "FAIL: the pause tests need root")
 		return 1
 	}
-	var err error
-	if repoRoot, err = filepath.Abs(filepath.Join("..", "..")); err != nil {
+	repoRoot, err := testenv.RepoRoot()
+	if err != nil {
 		fmt.Fprintln(os.Stderr, "FAIL:", err)
 		return 1
 	}
-	if binDir, err = os.MkdirTemp("", "nook-pause-bin-"); err != nil {
+	binDir, err := os.MkdirTemp("", "nook-pause-bin-")
+	if err != nil {
 		fmt.Fprintln(os.Stderr, "FAIL:", err)
 		return 1
 	}
@@ -58,129 +58,42 @@ func testMain(m *testing.M) int {
 	// gVisor's gofer opens the bind-mounted agent from inside the sandbox's
 	// user namespace: its directory must be traversable.
 	os.Chmod(binDir, 0o755)
-	nookBin, agentBin = filepath.Join(binDir, "nook"), filepath.Join(binDir, "nook-agent")
-	for out, pkg := range map[string]string{nookBin: "./cmd/nook", agentBin: "./cmd/nook-agent", filepath.Join(binDir, "nook-interp"): "./cmd/nook-interp"} {
-		cmd := exec.Command(goBinary(), "build", "-o", out, pkg)
-		cmd.Dir = repoRoot
-		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
-		if b, err := cmd.CombinedOutput(); err != nil {
-			fmt.Fprintf(os.Stderr, "FAIL: go build %s: %v\n%s", pkg, err, b)
-			return 1
-		}
+	bins, err := testenv.Build(repoRoot, binDir)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "FAIL:", err)
+		return 1
 	}
+	nookBin = bins.Nook
 	stopS3 := startFakeS3() // s3_test.go
 	defer stopS3()
-	srv = &server{logPath: filepath.Join(binDir, "serve.log")}
-	if err := srv.start(); err != nil {
+	flags := []string{"--pool-size", "0"}
+	// Pause, snapshots and backups do not need sandbox networking; run
+	// loopback-only sandboxes when this nook has the switch
+	// (NOOK_PAUSE_TEST_NETWORK=1 keeps it on).
+	if help, _ := exec.Command(nookBin, "serve", "--help").CombinedOutput(); bytes.Contains(help, []byte("--network ")) && os.Getenv("NOOK_PAUSE_TEST_NETWORK") != "1" {
+		flags = append(flags, "--network=false")
+	}
+	srv = &testenv.Server{
+		Bin: nookBin, DataDir: dataDir, APIAddr: apiAddr, ProxyAddr: proxyAddr,
+		APIKey: apiKey, AgentPath: bins.Agent,
+		Flags:   append(flags, s3Args()...),
+		Env:     append(s3Env(), testenv.RootfsCacheEnv()...),
+		LogPath: filepath.Join(binDir, "serve.log"),
+	}
+	if err := srv.Start(); err != nil {
 		fmt.Fprintln(os.Stderr, "FAIL: start nook serve:", err)
-		srv.dumpLog(os.Stderr, 60)
-		srv.stop()
+		fmt.Fprintln(os.Stderr, srv.LogTail(60))
+		srv.Stop()
 		return 1
 	}
 	code := m.Run()
 	killAll()
 	if code != 0 {
 		fmt.Fprintln(os.Stderr, "--- nook serve log (tail) ---")
-		srv.dumpLog(os.Stderr, 80)
+		fmt.Fprintln(os.Stderr, srv.LogTail(80))
 	}
-	srv.stop()
+	srv.Stop()
 	return code
-}
-
-func goBinary() string {
-	if p, err := exec.LookPath("go"); err == nil {
-		return p
-	}
-	return "/usr/local/go/bin/go"
-}
-
-type server struct {
-	logPath string
-	mu      sync.Mutex
-	cmd     *exec.Cmd
-	done    chan struct{}
-}
-
-func (s *server) start() error {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	logf, err := os.OpenFile(s.logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
-	if err != nil {
-		return err
-	}
-	defer logf.Close()
-	cmd := exec.Command(nookBin, "serve", "--data-dir", dataDir, "--api-key", apiKey,
-		"--listen", apiAddr, "--proxy-listen", proxyAddr, "--agent-path", agentBin, "--pool-size", "0")
-	// Pause, snapshots and backups do not need sandbox networking; run
-	// loopback-only sandboxes when this nook has the switch
-	// (NOOK_PAUSE_TEST_NETWORK=1 keeps it on).
-	if help, _ := exec.Command(nookBin, "serve", "--help").CombinedOutput(); bytes.Contains(help, []byte("--network ")) && os.Getenv("NOOK_PAUSE_TEST_NETWORK") != "1" {
-		cmd.Args = append(cmd.Args, "--network=false")
-	}
-	cmd.Stdout, cmd.Stderr = logf, logf
-	cmd.Env = os.Environ()
-	cmd.Args, cmd.Env = append(cmd.Args, s3Args()...), append(cmd.Env, s3Env()...)
-	if os.Getenv("NOOK_ROOTFS_CACHE") == "" {
-		cmd.Env = append(cmd.Env, "NOOK_ROOTFS_CACHE=/var/lib/nook-rootfs-cache")
-	}
-	if err := cmd.Start(); err != nil {
-		return err
-	}
-	done := make(chan struct{})
-	go func() { cmd.Wait(); close(done) }()
-	s.cmd, s.done = cmd, done
-	hc := &http.Client{Timeout: 2 * time.Second}
-	for i := 0; i < 1200; i++ {
-		select {
-		case <-done:
-			return fmt.Errorf("nook serve exited: %v", cmd.ProcessState)
-		default:
-		}
-		if resp, err := hc.Get(apiURL + "/health"); err == nil {
-			resp.Body.Close()
-			if resp.StatusCode == http.StatusNoContent {
-				return nil
-			}
-		}
-		time.Sleep(500 * time.Millisecond)
-	}
-	return errors.New("nook serve did not answer /health")
-}
-
-// kill sends SIGKILL to nook serve only (sandboxes outlive it).
-func (s *server) kill() {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.cmd != nil {
-		s.cmd.Process.Signal(syscall.SIGKILL)
-		<-s.done
-		s.cmd = nil
-	}
-}
-
-func (s *server) stop() {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.cmd == nil {
-		return
-	}
-	s.cmd.Process.Signal(syscall.SIGTERM)
-	select {
-	case <-s.done:
-	case <-time.After(15 * time.Second):
-		s.cmd.Process.Signal(syscall.SIGKILL)
-		<-s.done
-	}
-	s.cmd = nil
-}
-
-func (s *server) dumpLog(w io.Writer, lines int) {
-	data, _ := os.ReadFile(s.logPath)
-	all := strings.Split(strings.TrimRight(string(data), "\n"), "\n")
-	if len(all) > lines {
-		all = all[len(all)-lines:]
-	}
-	fmt.Fprintln(w, strings.Join(all, "\n"))
 }
 
 type response struct {

@@ -95,8 +95,8 @@ func TestResumeAfterServeKilled(t *testing.T) {
 	run(t, id, writeState)
 	before := run(t, id, checkState)
 	pause(t, id, nil)
-	srv.kill()
-	if err := srv.start(); err != nil {
+	srv.Kill()
+	if err := srv.Start(); err != nil {
 		t.Fatalf("restart nook serve: %v", err)
 	}
 	if d := info(t, id); d.State != "paused" {

@@ -105,7 +105,7 @@ func TestBackupInS3(t *testing.T) {
 	if obj, _ := s3Object(t, b.ID); obj != nil {
 		t.Error("the object outlived its backup")
 	}
-	if log, _ := os.ReadFile(srv.logPath); bytes.Contains(log, []byte(s3Secret)) {
+	if log, _ := os.ReadFile(srv.LogPath); bytes.Contains(log, []byte(s3Secret)) {
 		t.Error("nook serve logged the bucket's secret key")
 	}
 }

@@ -23,9 +23,10 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
+
+	"github.com/nookhq/nook/test/testenv"
 )
 
 const (
@@ -37,13 +38,10 @@ const (
 )
 
 var (
-	repoRoot string
-	binDir   string
-	nookBin  string
-	dataDir  = "/var/lib/nook-test-tpl"
+	nookBin string
+	dataDir = "/var/lib/nook-test-tpl"
 	// srcDir holds OCI layouts and archives the server reads (same host).
-	srcDir  string
-	logPath string
+	srcDir string
 )
 
 func TestMain(m *testing.M) { os.Exit(testMain(m)) }
@@ -56,12 +54,13 @@ func testMain(m *testing.M) int {
 	if d := os.Getenv("NOOK_TEST_TPL_DATA"); d != "" {
 		dataDir = d
 	}
-	var err error
-	if repoRoot, err = filepath.Abs(filepath.Join("..", "..")); err != nil {
+	repoRoot, err := testenv.RepoRoot()
+	if err != nil {
 		fmt.Fprintln(os.Stderr, "FAIL:", err)
 		return 1
 	}
-	if binDir, err = os.MkdirTemp("", "nook-tpl-bin-"); err != nil {
+	binDir, err := os.MkdirTemp("", "nook-tpl-bin-")
+	if err != nil {
 		fmt.Fprintln(os.Stderr, "FAIL:", err)
 		return 1
 	}
@@ -71,99 +70,35 @@ func testMain(m *testing.M) int {
 		return 1
 	}
 	defer os.RemoveAll(srcDir)
-	nookBin = filepath.Join(binDir, "nook")
-	for _, b := range []string{"nook", "nook-agent", "nook-interp"} {
-		if _, err := os.Stat(filepath.Join(repoRoot, "cmd", b)); err != nil {
-			continue
-		}
-		if err := build(filepath.Join(binDir, b), "./cmd/"+b); err != nil {
-			fmt.Fprintln(os.Stderr, "FAIL:", err)
-			return 1
-		}
-	}
-	if os.Getenv("NOOK_ROOTFS_CACHE") == "" {
-		os.Setenv("NOOK_ROOTFS_CACHE", "/var/lib/nook-rootfs-cache")
-	}
-	logPath = filepath.Join(binDir, "serve.log")
-	stop, err := startServe()
+	bins, err := testenv.Build(repoRoot, binDir)
 	if err != nil {
+		fmt.Fprintln(os.Stderr, "FAIL:", err)
+		return 1
+	}
+	nookBin = bins.Nook
+	if os.Getenv("NOOK_ROOTFS_CACHE") == "" {
+		os.Setenv("NOOK_ROOTFS_CACHE", testenv.RootfsCache)
+	}
+	// No warm pool, so that every create boots and probes. The first start
+	// builds the built-in templates (minutes).
+	srv := &testenv.Server{
+		Bin: nookBin, DataDir: dataDir, APIAddr: apiAddr, ProxyAddr: proxyAddr, APIKey: apiKey,
+		Flags:   []string{"--pool-size", "0", "--network=false"},
+		LogPath: filepath.Join(binDir, "serve.log"),
+		Timeout: 20 * time.Minute,
+	}
+	if err := srv.Start(); err != nil {
 		fmt.Fprintln(os.Stderr, "FAIL: start nook serve:", err)
-		dumpLog(60)
+		fmt.Fprintln(os.Stderr, "--- nook serve log (tail) ---\n"+srv.LogTail(60))
 		return 1
 	}
 	code := m.Run()
 	killAll()
 	if code != 0 {
-		dumpLog(80)
+		fmt.Fprintln(os.Stderr, "--- nook serve log (tail) ---\n"+srv.LogTail(80))
 	}
-	stop()
+	srv.Stop()
 	return code
-}
-
-func build(out, pkg string) error {
-	goBin, err := exec.LookPath("go")
-	if err != nil {
-		goBin = "/usr/local/go/bin/go"
-	}
-	cmd := exec.Command(goBin, "build", "-o", out, pkg)
-	cmd.Dir = repoRoot
-	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
-	if b, err := cmd.CombinedOutput(); err != nil {
-		return fmt.Errorf("go build %s: %v\n%s", pkg, err, b)
-	}
-	return nil
-}
-
-// startServe runs nook serve (no warm pool, so that every create boots and
-// probes) and waits until it answers.
-func startServe() (func(), error) {
-	logf, err := os.Create(logPath)
-	if err != nil {
-		return nil, err
-	}
-	cmd := exec.Command(nookBin, "serve", "--data-dir", dataDir, "--api-key", apiKey,
-		"--listen", apiAddr, "--proxy-listen", proxyAddr, "--pool-size", "0", "--network=false")
-	cmd.Stdout, cmd.Stderr = logf, logf
-	if err := cmd.Start(); err != nil {
-		return nil, err
-	}
-	done := make(chan struct{})
-	go func() { cmd.Wait(); logf.Close(); close(done) }()
-	stop := func() {
-		cmd.Process.Signal(syscall.SIGTERM)
-		select {
-		case <-done:
-		case <-time.After(15 * time.Second):
-			cmd.Process.Kill()
-			<-done
-		}
-	}
-	// The first start builds the built-in templates (minutes).
-	for i := 0; i < 2400; i++ {
-		select {
-		case <-done:
-			return nil, fmt.Errorf("nook serve exited: %v", cmd.ProcessState)
-		default:
-		}
-		if resp, err := http.Get(apiURL + "/health"); err == nil {
-			resp.Body.Close()
-			if resp.StatusCode == http.StatusNoContent {
-				return stop, nil
-			}
-		}
-		time.Sleep(500 * time.Millisecond)
-	}
-	stop()
-	return nil, errors.New("nook serve did not answer /health")
-}
-
-func dumpLog(lines int) {
-	data, _ := os.ReadFile(logPath)
-	all := strings.Split(strings.TrimRight(string(data), "\n"), "\n")
-	if len(all) > lines {
-		all = all[len(all)-lines:]
-	}
-	fmt.Fprintln(os.Stderr, "--- nook serve log (tail) ---\n"+strings.Join(all, "\n"))
 }
 
 // killAll kills every sandbox left running.
