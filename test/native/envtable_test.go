@@ -189,11 +189,17 @@ func TestOCIExecInteractiveTerminal(t *testing.T) {
 		}
 	}()
 	var screen strings.Builder
+	seen := 0 // the screen up to here is matched already
 	until := func(want string) {
 		t.Helper()
 		deadline := time.After(20 * time.Second)
-		start := screen.Len()
-		for !strings.Contains(screen.String()[start:], want) {
+		for {
+			// One read may bring several expected lines: search from the
+			// end of the last match, not from the end of the last read.
+			if i := strings.Index(screen.String()[seen:], want); i >= 0 {
+				seen += i + len(want)
+				return
+			}
 			select {
 			case s, ok := <-out:
 				if !ok {
@@ -201,7 +207,7 @@ func TestOCIExecInteractiveTerminal(t *testing.T) {
 				}
 				screen.WriteString(s)
 			case <-deadline:
-				t.Fatalf("no %q on the terminal: %q", want, screen.String()[start:])
+				t.Fatalf("no %q on the terminal: %q", want, screen.String()[seen:])
 			}
 		}
 	}
