@@ -23,15 +23,10 @@ import (
 // withPauseVerbs adds pause, resume, snapshot, rollback, clone and backup
 // verbs to `nook sandbox`; they use its client flags.
 func withPauseVerbs(sb *cobra.Command) *cobra.Command {
-	c := func(cmd *cobra.Command) (*client.Client, error) { return inheritedClient(cmd) }
 	var noMemory bool
 	pause := &cobra.Command{
 		Use: "pause ID...", Short: "Pause sandboxes: stop their processes, keep their files (and memory when the runtime can)", Args: cobra.MinimumNArgs(1),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			cl, err := c(cmd)
-			if err != nil {
-				return err
-			}
+		RunE: withClient(func(cmd *cobra.Command, cl *client.Client, args []string) error {
 			for _, id := range args {
 				start := time.Now()
 				if _, err := cl.Do(cmd.Context(), http.MethodPost, "/sandboxes/"+url.PathEscape(id)+"/pause", map[string]bool{"memory": !noMemory}, nil); err != nil {
@@ -48,18 +43,14 @@ func withPauseVerbs(sb *cobra.Command) *cobra.Command {
 				}
 			}
 			return nil
-		},
+		}),
 	}
 	pause.Flags().BoolVar(&noMemory, "no-memory", false, "keep the filesystem only (resume restarts the start command)")
 
 	var resumeTimeout int64
 	resume := &cobra.Command{
 		Use: "resume ID...", Short: "Resume paused sandboxes", Args: cobra.MinimumNArgs(1),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			cl, err := c(cmd)
-			if err != nil {
-				return err
-			}
+		RunE: withClient(func(cmd *cobra.Command, cl *client.Client, args []string) error {
 			for _, id := range args {
 				start := time.Now()
 				if _, err := cl.Do(cmd.Context(), http.MethodPost, "/sandboxes/"+url.PathEscape(id)+"/connect", map[string]int64{"timeout": resumeTimeout}, nil); err != nil {
@@ -68,49 +59,37 @@ func withPauseVerbs(sb *cobra.Command) *cobra.Command {
 				fmt.Printf("%s running (took %s)\n", id, time.Since(start).Round(time.Millisecond))
 			}
 			return nil
-		},
+		}),
 	}
 	resume.Flags().Int64Var(&resumeTimeout, "timeout", 300, "seconds until the resumed sandbox ends")
 
 	var snapName string
 	snapshot := &cobra.Command{
 		Use: "snapshot ID", Short: "Snapshot a sandbox's filesystem into an image sandboxes can be created from (--template SNAPSHOT)", Args: cobra.ExactArgs(1),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			cl, err := c(cmd)
-			if err != nil {
-				return err
-			}
+		RunE: withClient(func(cmd *cobra.Command, cl *client.Client, args []string) error {
 			var s map[string]any
 			if _, err := cl.Do(cmd.Context(), http.MethodPost, "/v1/sandboxes/"+url.PathEscape(args[0])+"/snapshots", map[string]string{"name": snapName}, &s); err != nil {
 				return err
 			}
 			fmt.Println(s["id"])
 			return nil
-		},
+		}),
 	}
 	snapshot.Flags().StringVar(&snapName, "name", "", "snapshot id (default: generated)")
 
 	rollback := &cobra.Command{
 		Use: "rollback ID SNAPSHOT", Short: "Roll a sandbox's filesystem back to a snapshot (the sandbox restarts)", Args: cobra.ExactArgs(2),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			cl, err := c(cmd)
-			if err != nil {
-				return err
-			}
-			_, err = cl.Do(cmd.Context(), http.MethodPost, "/v1/sandboxes/"+url.PathEscape(args[0])+"/rollback", map[string]string{"snapshotID": args[1]}, nil)
+		RunE: withClient(func(cmd *cobra.Command, cl *client.Client, args []string) error {
+			_, err := cl.Do(cmd.Context(), http.MethodPost, "/v1/sandboxes/"+url.PathEscape(args[0])+"/rollback", map[string]string{"snapshotID": args[1]}, nil)
 			return err
-		},
+		}),
 	}
 
 	var cloneCount int
 	var cloneTimeout int64
 	clone := &cobra.Command{
 		Use: "clone ID", Short: "Make new sandboxes with a copy of a sandbox's filesystem; prints their ids", Args: cobra.ExactArgs(1),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			cl, err := c(cmd)
-			if err != nil {
-				return err
-			}
+		RunE: withClient(func(cmd *cobra.Command, cl *client.Client, args []string) error {
 			var res []struct {
 				Sandbox *struct {
 					SandboxID string `json:"sandboxID"`
@@ -136,7 +115,7 @@ func withPauseVerbs(sb *cobra.Command) *cobra.Command {
 				return fmt.Errorf("%d of %d clones failed", failed, len(res))
 			}
 			return nil
-		},
+		}),
 	}
 	clone.Flags().IntVarP(&cloneCount, "count", "n", 1, "how many clones")
 	clone.Flags().Int64Var(&cloneTimeout, "timeout", 300, "seconds until the clones end")
@@ -147,11 +126,7 @@ func withPauseVerbs(sb *cobra.Command) *cobra.Command {
 	var bGitignore bool
 	backup := &cobra.Command{
 		Use: "backup ID", Short: "Archive a directory of a sandbox (prints the backup id)", Args: cobra.ExactArgs(1),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			cl, err := c(cmd)
-			if err != nil {
-				return err
-			}
+		RunE: withClient(func(cmd *cobra.Command, cl *client.Client, args []string) error {
 			body := map[string]any{"dir": bDir, "name": bName, "excludes": bExcludes, "gitignore": bGitignore}
 			if bTTL > 0 {
 				body["ttl"] = bTTL
@@ -162,7 +137,7 @@ func withPauseVerbs(sb *cobra.Command) *cobra.Command {
 			}
 			fmt.Println(b["id"])
 			return nil
-		},
+		}),
 	}
 	backup.Flags().StringVar(&bDir, "dir", "/home/user", "directory to archive")
 	backup.Flags().StringVar(&bName, "name", "", "a name for the backup")
@@ -173,14 +148,10 @@ func withPauseVerbs(sb *cobra.Command) *cobra.Command {
 	var rDir string
 	restore := &cobra.Command{
 		Use: "restore-backup ID BACKUP", Short: "Restore a backup into a sandbox (any sandbox, not only the one backed up)", Args: cobra.ExactArgs(2),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			cl, err := c(cmd)
-			if err != nil {
-				return err
-			}
-			_, err = cl.Do(cmd.Context(), http.MethodPost, "/v1/sandboxes/"+url.PathEscape(args[0])+"/backups/"+url.PathEscape(args[1])+"/restore", map[string]string{"dir": rDir}, nil)
+		RunE: withClient(func(cmd *cobra.Command, cl *client.Client, args []string) error {
+			_, err := cl.Do(cmd.Context(), http.MethodPost, "/v1/sandboxes/"+url.PathEscape(args[0])+"/backups/"+url.PathEscape(args[1])+"/restore", map[string]string{"dir": rDir}, nil)
 			return err
-		},
+		}),
 	}
 	restore.Flags().StringVar(&rDir, "dir", "", "directory to restore into (default: the one backed up)")
 
@@ -190,6 +161,18 @@ func withPauseVerbs(sb *cobra.Command) *cobra.Command {
 
 // inheritedClient builds an API client from the persistent client flags
 // of a parent command (nook sandbox's).
+// withClient wraps a verb that needs the API client made from the
+// `nook sandbox` flags.
+func withClient(run func(cmd *cobra.Command, cl *client.Client, args []string) error) func(*cobra.Command, []string) error {
+	return func(cmd *cobra.Command, args []string) error {
+		cl, err := inheritedClient(cmd)
+		if err != nil {
+			return err
+		}
+		return run(cmd, cl, args)
+	}
+}
+
 func inheritedClient(cmd *cobra.Command) (*client.Client, error) {
 	var cf clientFlags
 	cf.apiURL, _ = cmd.Flags().GetString("api-url")
