@@ -389,24 +389,33 @@ func (n *Network) Setup(ctx context.Context, id string, cfg sandbox.NetworkConfi
 		return sandbox.NetworkSetup{}, err
 	}
 	nsPath := filepath.Join(n.nsDir, id)
+	// The address and state are taken under the lock; the namespaces and
+	// the veth (most of the work) are made outside it, so that concurrent
+	// creates do not queue behind each other; the rules are applied under
+	// it again, before the sandbox starts.
 	n.mu.Lock()
-	defer n.mu.Unlock()
 	if _, ok := n.sbs[id]; ok {
+		n.mu.Unlock()
 		return sandbox.NetworkSetup{}, fmt.Errorf("sandbox %s already has a network: %w", id, errdefs.ErrConflict)
 	}
 	ip, err := n.allocLocked()
 	if err != nil {
+		n.mu.Unlock()
 		return sandbox.NetworkSetup{}, err
 	}
 	st := &sbState{ID: id, IP: ip, Policy: pol}
 	// Record first: a crash from here on leaves a state file that the next
 	// start's Prune cleans.
 	if err := n.saveState(st); err != nil {
+		n.mu.Unlock()
 		return sandbox.NetworkSetup{}, err
 	}
 	n.sbs[id], n.byIP[ip] = st, st
+	n.mu.Unlock()
 	defer func() {
 		if err != nil {
+			n.mu.Lock()
+			defer n.mu.Unlock()
 			delete(n.sbs, id)
 			delete(n.byIP, ip)
 			n.teardownKernel(id)
@@ -424,7 +433,10 @@ func (n *Network) Setup(ctx context.Context, id string, cfg sandbox.NetworkConfi
 	if err := plumb(nsPath, vethName(id), br, netip.PrefixFrom(ip, n.cidr.Bits()), netip.PrefixFrom(n.gw, n.cidr.Bits())); err != nil {
 		return sandbox.NetworkSetup{}, err
 	}
-	if err := n.applyLocked(); err != nil {
+	n.mu.Lock()
+	err = n.applyLocked()
+	n.mu.Unlock()
+	if err != nil {
 		return sandbox.NetworkSetup{}, err
 	}
 	return sandbox.NetworkSetup{

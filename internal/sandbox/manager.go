@@ -235,6 +235,7 @@ func (m *Manager) Create(ctx context.Context, o CreateOptions) (_ Sandbox, err e
 		m.lastCreate.Store(time.Now().UnixNano())
 		m.creating.Add(-1)
 	}()
+	t0 := time.Now()
 	b, pooled := booted{}, false
 	if o.from == nil {
 		b, pooled = m.pool.claim(tpl, o)
@@ -263,20 +264,24 @@ func (m *Manager) Create(ctx context.Context, o CreateOptions) (_ Sandbox, err e
 	if len(tpl.Aliases) > 0 {
 		rec.Alias = tpl.Aliases[0]
 	}
+	tBoot := time.Now()
 	ictx, cancel := context.WithTimeout(ctx, readyTimeout)
 	defer cancel()
 	if err := b.agent.Init(ictx, agentclient.InitRequest{EnvVars: o.EnvVars, AccessToken: rec.AccessToken}); err != nil {
 		return Sandbox{}, err
 	}
+	tInit := time.Now()
 	if err := m.cfg.Store.Put(bucket, b.id, rec); err != nil {
 		return Sandbox{}, err
 	}
+	tStore := time.Now()
 	m.mu.Lock()
 	l := &live{rec: rec, agent: b.agent}
 	m.live[b.id] = l
 	m.armLocked(l)
 	m.mu.Unlock()
 	m.cfg.Log.Info("sandbox created", "id", b.id, "template", tpl.ID, "pooled", pooled)
+	m.cfg.Log.Debug("create timing", "id", b.id, "boot", tBoot.Sub(t0), "init", tInit.Sub(tBoot), "store", tStore.Sub(tInit))
 	return rec, nil
 }
 

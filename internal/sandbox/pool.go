@@ -79,6 +79,7 @@ func (p *pool) refill(tplID string) {
 			if n >= p.size(tpl) {
 				return
 			}
+			p.waitIdle()
 			b, err := p.m.boot(context.Background(), tpl, WithTemplateNetwork(tpl, NetworkConfig{}))
 			if err != nil {
 				p.m.cfg.Log.Warn("warm pool: boot failed", "template", tplID, "err", err)

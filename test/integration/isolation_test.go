@@ -259,6 +259,31 @@ for name, nr, args in [("init_module", 175, (0, 0, 0)), ("delete_module", 176, (
 		}
 	})
 
+	t.Run("LegacySyscallABIIsRefused", func(t *testing.T) {
+		// The 32-bit system call ABI (int 0x80) reaches a second syscall
+		// table; the seccomp filter admits only the native one. The
+		// machine code is "mov eax, 20 (i386 getpid); int 0x80; ret": if
+		// it returns the pid, the 32-bit ABI is open.
+		script := `import ctypes, mmap, os
+code = bytes([0xb8, 20, 0, 0, 0, 0xcd, 0x80, 0xc3])
+m = mmap.mmap(-1, mmap.PAGESIZE, prot=mmap.PROT_READ | mmap.PROT_WRITE | mmap.PROT_EXEC)
+m.write(code)
+addr = ctypes.addressof(ctypes.c_char.from_buffer(m))
+r = ctypes.CFUNCTYPE(ctypes.c_int)(addr)()
+print("ran", r, os.getpid())
+`
+		r := runAs(t, a, "root", "python3 -c "+shellQuote(script)+"; echo exit=$?", time.Minute)
+		out := r.Stdout
+		if !strings.Contains(out, "exit=") {
+			t.Fatalf("unexpected result %s", r)
+		}
+		if f := strings.Fields(out); len(f) >= 3 && f[0] == "ran" && f[1] == f[2] {
+			t.Errorf("SECURITY: sandbox %s: i386 getpid through int 0x80 answered %s (the 32-bit ABI is open)", a, f[1])
+		}
+		// Killed by SIGSYS (128+31) or refused with an errno: either way no pid.
+		t.Logf("int 0x80 attempt: %s", strings.TrimSpace(out))
+	})
+
 	t.Run("ProcSysIsReadOnly", func(t *testing.T) {
 		// Opening for writing must fail; nothing is written if it did not.
 		var paths []string
