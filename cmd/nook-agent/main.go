@@ -18,6 +18,9 @@ import (
 )
 
 func main() {
+	if len(os.Args) > 1 && os.Args[1] == agentwire.SeccompExecCmd {
+		os.Args = seccompExec(os.Args[2:]) // seccomp.go
+	}
 	fs := flag.NewFlagSet("nook-agent", flag.ExitOnError)
 	socket := fs.String(agentwire.SocketFlag, agent.DefaultSocket, "unix socket to serve on")
 	startCwd := fs.String(agentwire.StartCwdFlag, "", "working directory of the start command")

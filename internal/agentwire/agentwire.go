@@ -42,6 +42,15 @@ const (
 	EnvdPort = 49983
 	// CodeInterpreterPort is the port the code-interpreter SDK uses.
 	CodeInterpreterPort = 49999
+	// SeccompExecCmd is the agent's command that installs the sandbox's
+	// seccomp filter (read from the file given as its first argument) and
+	// then runs the command after "--": nook-agent seccomp-exec FILTER --
+	// ARGV... PID 1 and every `runc exec` process start through it when
+	// nook compiled the filter itself; with the agent's own path as ARGV[0]
+	// it goes on as the agent in the same process.
+	SeccompExecCmd = "seccomp-exec"
+	// SeccompFilterPath is where the compiled filter is mounted read-only.
+	SeccompFilterPath = AgentDir + "/seccomp.bpf"
 	// InterpPath is nook-interp's path inside the sandbox (mounted read-only
 	// beside the agent when the template has a code interpreter).
 	InterpPath = AgentDir + "/nook-interp"

@@ -34,7 +34,7 @@ func (r *Registry) debianRootfs(ctx context.Context, id string, o rootfs.DebianO
 	os.RemoveAll(tmp) // a half-made build of an earlier run
 	cached := ""
 	if r.RootfsCache != "" {
-		sum := sha256.Sum256([]byte(fmt.Sprintf("%s|%s|%s|%s", o.Suite, o.Mirror, strings.Join(o.Packages, ","), o.User)))
+		sum := sha256.Sum256([]byte(fmt.Sprintf("%s|%s|%s|%s|%d", o.Suite, o.Mirror, strings.Join(o.Packages, ","), o.User, rootfs.Recipe)))
 		cached = filepath.Join(r.RootfsCache, id+"-"+hex.EncodeToString(sum[:8]))
 		if _, err := os.Stat(cached); err == nil {
 			fmt.Fprintf(progress, "template %q: root filesystem from cache %s\n", id, cached)

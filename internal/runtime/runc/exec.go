@@ -57,7 +57,11 @@ func (d *Driver) Exec(ctx context.Context, id string, spec runtime.ExecSpec, wit
 	for _, e := range spec.Env {
 		args = append(args, "--env", e)
 	}
-	args = append(append(args, id), spec.Args...)
+	argv := spec.Args
+	if _, err := os.Stat(filepath.Join(d.bundle(id), compiledMarker)); err == nil {
+		argv = seccompWrapped(argv) // the sandbox's filter is not runc's
+	}
+	args = append(append(args, id), argv...)
 	// Not CommandContext: the caller ends the process with Kill.
 	cmd := exec.Command(d.Binary, args...)
 	p := &execProc{cmd: cmd, done: make(chan struct{})}

@@ -33,6 +33,10 @@ type Driver struct {
 	BundleDir string
 	// CgroupParent is the cgroup path under which sandboxes' cgroups are made.
 	CgroupParent string
+	// SeccompFilter is the host path of the sandboxes' seccomp filter as
+	// compiled by nook (internal/seccomp); empty lets runc compile the
+	// profile at every start. See compiledSeccomp in spec.go.
+	SeccompFilter string
 }
 
 var _ runtime.Runtime = (*Driver)(nil)
@@ -63,6 +67,11 @@ func New(dataDir string) (*Driver, error) {
 			return nil, err
 		}
 	}
+	filter, err := writeSeccompFilter(filepath.Join(dataDir, "seccomp.bpf"))
+	if err != nil {
+		return nil, err
+	}
+	d.SeccompFilter = filter
 	return d, nil
 }
 
@@ -97,6 +106,11 @@ func (d *Driver) Start(ctx context.Context, s runtime.Spec) (err error) {
 	spec, err := ociSpec(s, rootfs, filepath.Join(d.CgroupParent, s.ID))
 	if err != nil {
 		return err
+	}
+	if d.SeccompFilter != "" {
+		if err := useCompiledSeccomp(dir, spec, d.SeccompFilter); err != nil {
+			return err
+		}
 	}
 	if err := WriteConfig(dir, spec); err != nil {
 		return err

@@ -1,15 +1,20 @@
 package runc
 
 import (
+	"errors"
 	"fmt"
+	"os"
+	"path/filepath"
 	goruntime "runtime"
 	"strings"
 	"sync"
 
-	"github.com/moby/profiles/seccomp"
+	dockerseccomp "github.com/moby/profiles/seccomp"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
+	"github.com/nookhq/nook/internal/agentwire"
 	"github.com/nookhq/nook/internal/runtime"
+	"github.com/nookhq/nook/internal/seccomp"
 )
 
 // defaultCaps is Docker's default capability set less CAP_NET_RAW. The
@@ -106,7 +111,7 @@ func defaultSeccomp(spec *specs.Spec) (*specs.LinuxSeccomp, error) {
 	if sc, ok := seccompCache.Load(key); ok {
 		return sc.(*specs.LinuxSeccomp), nil
 	}
-	sc, err := seccomp.GetDefaultProfile(spec)
+	sc, err := dockerseccomp.GetDefaultProfile(spec)
 	if err != nil {
 		return nil, err
 	}
@@ -140,4 +145,58 @@ func resources(l runtime.Limits) *specs.LinuxResources {
 		r.Pids = &specs.LinuxPids{Limit: l.PidsMax}
 	}
 	return r
+}
+
+// writeSeccompFilter compiles the sandboxes' seccomp profile (Docker's
+// default for defaultCaps) into path and returns path, or "" when nook's
+// compiler does not handle this machine (runc compiles it then).
+func writeSeccompFilter(path string) (string, error) {
+	caps := append([]string(nil), defaultCaps...)
+	sc, err := defaultSeccomp(&specs.Spec{Process: &specs.Process{Capabilities: &specs.LinuxCapabilities{Bounding: caps}}})
+	if err != nil {
+		return "", fmt.Errorf("seccomp profile: %w", err)
+	}
+	prog, err := seccomp.Compile(sc)
+	if errors.Is(err, seccomp.ErrUnsupported) {
+		return "", nil
+	}
+	if err != nil {
+		return "", fmt.Errorf("compile seccomp profile: %w", err)
+	}
+	data, err := seccomp.Marshal(prog)
+	if err != nil {
+		return "", err
+	}
+	// Written beside and renamed: a sandbox starting now mounts either
+	// the old file or the new one, never a half-written one.
+	tmp := path + ".tmp"
+	if err := os.WriteFile(tmp, data, 0o644); err != nil {
+		return "", err
+	}
+	return path, os.Rename(tmp, path)
+}
+
+// compiledMarker, in a bundle, says the sandbox's seccomp filter is
+// installed by the agent (so `runc exec` must go through it too). It is
+// host-side: the sandbox cannot remove it.
+const compiledMarker = "seccomp-exec"
+
+// useCompiledSeccomp makes spec install nook's compiled filter instead of
+// having runc compile the profile: the filter file is mounted read-only
+// and PID 1 starts through the agent's seccomp-exec, which installs it
+// before anything of the sandbox runs (no_new_privs is already set).
+func useCompiledSeccomp(bundle string, spec *specs.Spec, filter string) error {
+	if len(spec.Process.Args) == 0 || spec.Process.Args[0] != agentwire.AgentPath {
+		return fmt.Errorf("compiled seccomp needs the agent as PID 1, not %v", spec.Process.Args)
+	}
+	spec.Linux.Seccomp = nil
+	spec.Mounts = append(spec.Mounts, specs.Mount{Destination: agentwire.SeccompFilterPath, Type: "bind", Source: filter,
+		Options: []string{"rbind", "nosuid", "nodev", "ro"}})
+	spec.Process.Args = seccompWrapped(spec.Process.Args)
+	return os.WriteFile(filepath.Join(bundle, compiledMarker), nil, 0o600)
+}
+
+// seccompWrapped is argv started through the agent's seccomp-exec.
+func seccompWrapped(argv []string) []string {
+	return append([]string{agentwire.AgentPath, agentwire.SeccompExecCmd, agentwire.SeccompFilterPath, "--"}, argv...)
 }
