@@ -133,6 +133,17 @@ func TestOCIExec(t *testing.T) {
 	if out, errOut, _ := nookCLI(t, nil, "exec", id, "--", "/bin/sh", "-c", "echo out; echo err >&2"); out != "out\n" || errOut != "err\n" {
 		t.Errorf("streams: %q %q", out, errOut)
 	}
+	// The sandbox's seccomp filter holds for nook exec too (it is not
+	// runc's: the agent installs it), as root and as another user.
+	for _, user := range []string{"root", "user"} {
+		out, errOut, code := nookCLI(t, nil, "exec", "-u", user, id, "--", "/bin/sh", "-c", "grep -E '^(Seccomp|NoNewPrivs):' /proc/self/status; unshare -U true && echo UNSHARED; exit 0")
+		if code != 0 || !strings.Contains(out, "Seccomp:\t2") || !strings.Contains(out, "NoNewPrivs:\t1") || strings.Contains(out, "UNSHARED") {
+			t.Errorf("SECURITY: nook exec as %s: %q (exit %d, %s), want seccomp filter mode 2, no_new_privs and unshare refused", user, out, code, errOut)
+		}
+	}
+	if _, errOut, code := nookCLI(t, nil, "exec", id, "--", "no-such-command"); code != 127 || !strings.Contains(errOut, "no-such-command") {
+		t.Errorf("missing command: exit %d, %q; want 127 naming it", code, errOut)
+	}
 	if _, errOut, code := nookCLI(t, nil, "exec", "inosuchsandbox", "--", "true"); code == 0 || !strings.Contains(errOut, "not found") {
 		t.Errorf("unknown sandbox: exit %d, %q", code, errOut)
 	}
