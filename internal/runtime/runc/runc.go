@@ -12,6 +12,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -216,7 +217,10 @@ func (d *Driver) Stop(ctx context.Context, id string) error {
 		return fmt.Errorf("invalid sandbox id %q", id)
 	}
 	// delete --force kills every process of the container and removes its
-	// cgroup; an unknown container is not an error here.
+	// cgroup; an unknown container is not an error here. A running
+	// container is killed first: delete --force of a running one polls
+	// for its end in 100 ms steps.
+	d.killInit(id)
 	out, err := exec.CommandContext(ctx, d.Binary, "--root", d.Root, "delete", "--force", id).CombinedOutput()
 	if err != nil && !bytes.Contains(out, []byte("does not exist")) && !bytes.Contains(out, []byte("not found")) {
 		return fmt.Errorf("runc delete %s: %w: %s", id, err, bytes.TrimSpace(out))
@@ -233,6 +237,58 @@ func (d *Driver) Stop(ctx context.Context, id string) error {
 		return fmt.Errorf("remove bundle: %w", err)
 	}
 	return nil
+}
+
+// killInit sends SIGKILL to the sandbox's PID 1 (which ends every
+// process of its PID namespace) and waits up to 250 ms for it to end (a
+// frozen sandbox does not end until runc delete thaws it).
+// PID 1 is found from runc's state and held through a pidfd whose start
+// time is checked, so a recycled pid is never signalled. Failures are
+// left to runc delete.
+func (d *Driver) killInit(id string) {
+	data, err := os.ReadFile(filepath.Join(d.Root, id, "state.json"))
+	if err != nil {
+		return
+	}
+	var st struct {
+		Pid   int    `json:"init_process_pid"`
+		Start uint64 `json:"init_process_start"`
+	}
+	if json.Unmarshal(data, &st) != nil || st.Pid <= 0 {
+		return
+	}
+	fd, err := unix.PidfdOpen(st.Pid, 0)
+	if err != nil {
+		return
+	}
+	defer unix.Close(fd)
+	if start, err := processStart(st.Pid); err != nil || start != st.Start {
+		return // not that process any more
+	}
+	if err := unix.PidfdSendSignal(fd, unix.SIGKILL, nil, 0); err != nil {
+		return
+	}
+	fds := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
+	unix.Poll(fds, 250) // readable once the process has ended
+}
+
+// processStart is the start time (field 22 of /proc/PID/stat, in clock
+// ticks since boot) of process pid.
+func processStart(pid int) (uint64, error) {
+	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0, err
+	}
+	// The command name (field 2) may hold spaces: count from its end.
+	i := bytes.LastIndexByte(data, ')')
+	if i < 0 {
+		return 0, fmt.Errorf("malformed /proc/%d/stat", pid)
+	}
+	f := strings.Fields(string(data[i+1:]))
+	if len(f) < 20 {
+		return 0, fmt.Errorf("malformed /proc/%d/stat", pid)
+	}
+	return strconv.ParseUint(f[19], 10, 64)
 }
 
 // unmount detaches the mount at path if there is one.
