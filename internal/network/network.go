@@ -78,6 +78,7 @@ type Network struct {
 
 	servers []interface{ Shutdown(context.Context) error }
 	lns     []net.Listener
+	spares  *spareNamespaces // filled from Prune on
 
 	hostAddrsMu   sync.Mutex
 	hostAddrs     map[netip.Addr]bool
@@ -139,6 +140,7 @@ func New(ctx context.Context, opt Options) (*Network, error) {
 		sbs: map[string]*sbState{}, byIP: map[netip.Addr]*sbState{}, tr: map[string]*http.Transport{},
 	}
 	n.nsDir = filepath.Join(n.dir, "netns")
+	n.spares = &spareNamespaces{dir: n.nsDir, size: spareCount, log: n.log}
 	for _, d := range []string{n.dir, n.nsDir, filepath.Join(n.dir, "sandboxes")} {
 		if err := os.MkdirAll(d, 0o711); err != nil {
 			return nil, err
@@ -423,9 +425,13 @@ func (n *Network) Setup(ctx context.Context, id string, cfg sandbox.NetworkConfi
 			n.applyLocked()
 		}
 	}()
-	if err := newNetns(nsPath); err != nil {
-		return sandbox.NetworkSetup{}, fmt.Errorf("network namespace: %w", err)
+	t0 := time.Now()
+	if !n.spares.take(nsPath) {
+		if err := newNetns(nsPath); err != nil {
+			return sandbox.NetworkSetup{}, fmt.Errorf("network namespace: %w", err)
+		}
 	}
+	tNS := time.Now()
 	br, err := netlink.LinkByName(n.bridge)
 	if err != nil {
 		return sandbox.NetworkSetup{}, fmt.Errorf("bridge %s: %w", n.bridge, err)
@@ -433,12 +439,14 @@ func (n *Network) Setup(ctx context.Context, id string, cfg sandbox.NetworkConfi
 	if err := plumb(nsPath, vethName(id), br, netip.PrefixFrom(ip, n.cidr.Bits()), netip.PrefixFrom(n.gw, n.cidr.Bits())); err != nil {
 		return sandbox.NetworkSetup{}, err
 	}
+	tVeth := time.Now()
 	n.mu.Lock()
 	err = n.applyLocked()
 	n.mu.Unlock()
 	if err != nil {
 		return sandbox.NetworkSetup{}, err
 	}
+	n.log.Debug("sandbox network made", "id", id, "namespaces", tNS.Sub(t0), "veth", tVeth.Sub(tNS), "rules", time.Since(tVeth))
 	return sandbox.NetworkSetup{
 		NetNSPath:  nsPath,
 		UserNSPath: userNSPath(nsPath),
@@ -576,8 +584,12 @@ func (n *Network) Prune(keep []string) error {
 		}
 	}
 	errs = append(errs, n.applyLocked())
+	n.spares.refill(0) // after the sweep above, which removes any spare
 	return errors.Join(errs...)
 }
+
+// spareCount is how many network namespaces are kept made ahead of time.
+const spareCount = 4
 
 // Close stops the resolver and the proxy. Sandboxes' kernel state stays:
 // sandboxes keep running and are re-adopted by the next start.
@@ -590,14 +602,15 @@ func (n *Network) Close() error {
 	for _, l := range n.lns {
 		l.Close()
 	}
+	spareErr := n.spares.close()
 	n.mu.Lock()
 	idle := len(n.sbs) == 0
 	n.mu.Unlock()
 	if idle {
 		// Nothing runs: leave no bridge or ruleset behind either.
-		return Remove(n.opt.DataDir)
+		return errors.Join(spareErr, Remove(n.opt.DataDir))
 	}
-	return nil
+	return spareErr
 }
 
 // Remove deletes everything of dataDir's instance from the kernel: the
