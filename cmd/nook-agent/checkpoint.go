@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"net"
 	"net/http"
@@ -11,6 +12,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/nookhq/nook/internal/agent"
 )
@@ -25,14 +28,22 @@ const (
 )
 
 // serveCheckpointable serves srv on socket until ctx ends, closing and
-// reopening the socket on sigCheckpoint / sigRestored.
-func serveCheckpointable(ctx context.Context, srv *agent.Server, socket string) error {
+// reopening the socket on sigCheckpoint / sigRestored. It starts on
+// listenFD when that is a socket listening there already (nook made it, so
+// its first requests wait in the backlog instead of polling for the agent).
+func serveCheckpointable(ctx context.Context, srv *agent.Server, socket string, listenFD int) error {
 	sigs := make(chan os.Signal, 4)
 	signal.Notify(sigs, sigCheckpoint, sigRestored)
 	for {
-		ln, err := agent.ListenUnix(socket)
-		if err != nil {
-			return err
+		ln, err := inheritedListener(listenFD)
+		listenFD = -1 // only once: after a restore the agent listens itself
+		if ln == nil {
+			if err != nil {
+				slog.Info("no inherited listener; listening", "err", err)
+			}
+			if ln, err = agent.ListenUnix(socket); err != nil {
+				return err
+			}
 		}
 		conns := &connSet{m: map[net.Conn]struct{}{}}
 		hs := &http.Server{Handler: srv, ReadHeaderTimeout: 30 * time.Second, ConnState: conns.track}
@@ -96,4 +107,18 @@ func (c *connSet) closeAll() {
 		conn.Close()
 	}
 	c.m = map[net.Conn]struct{}{}
+}
+
+// inheritedListener returns the listening socket at fd, or nil (with the
+// reason) when fd is negative or not a listening socket.
+func inheritedListener(fd int) (net.Listener, error) {
+	if fd < 0 {
+		return nil, nil
+	}
+	if accepting, err := unix.GetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_ACCEPTCONN); err != nil || accepting != 1 {
+		return nil, fmt.Errorf("fd %d is not a listening socket (%v)", fd, err)
+	}
+	f := os.NewFile(uintptr(fd), "listener")
+	defer f.Close() // FileListener holds its own copy
+	return net.FileListener(f)
 }

@@ -23,6 +23,7 @@ func main() {
 	}
 	fs := flag.NewFlagSet("nook-agent", flag.ExitOnError)
 	socket := fs.String(agentwire.SocketFlag, agent.DefaultSocket, "unix socket to serve on")
+	listenFD := fs.Int(agentwire.ListenFDFlag, -1, "file descriptor already listening at --socket (from nook); the agent listens itself when it is not one")
 	startCwd := fs.String(agentwire.StartCwdFlag, "", "working directory of the start command")
 	startUser := fs.String(agentwire.StartUserFlag, "", "user of the start command (name, uid or uid:gid)")
 	inherit := fs.Bool("envd-inherit-image-env", false, "envd processes start from the agent's full environment instead of PATH only")
@@ -115,7 +116,7 @@ func main() {
 	}()
 
 	slog.Info("nook-agent listening", "socket", *socket, "version", agentwire.EnvdVersion)
-	if err := serveCheckpointable(ctx, srv, *socket); err != nil { // checkpoint.go
+	if err := serveCheckpointable(ctx, srv, *socket, *listenFD); err != nil { // checkpoint.go
 		slog.Error("serve", "err", err)
 		os.Exit(1)
 	}

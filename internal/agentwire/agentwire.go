@@ -32,6 +32,11 @@ const (
 
 	// SocketFlag names the flag that gives the socket path.
 	SocketFlag = "socket"
+	// ListenFDFlag names the flag that gives a file descriptor on which
+	// nook already listens at the socket path (so that it can connect
+	// before the agent runs); when it is not a listening socket (a driver
+	// that passes no files), the agent listens itself.
+	ListenFDFlag = "listen-fd"
 	// StartCwdFlag names the flag that gives the start command's working dir.
 	StartCwdFlag = "start-cwd"
 	// StartUserFlag names the flag that gives the start command's user

@@ -15,6 +15,7 @@ import (
 	"context"
 	"errors"
 	"io"
+	"os"
 )
 
 // ErrNotFound is returned when the driver holds nothing for an id.
@@ -63,6 +64,10 @@ type Spec struct {
 	// Runtime names the driver a Router starts the sandbox with ("" is
 	// the default driver, "gvisor" gVisor's runsc).
 	Runtime string
+	// ExtraFiles are passed to PID 1 as file descriptors 3, 4, ... by
+	// drivers that can (runc); others leave them out, and PID 1 must cope.
+	// The caller keeps ownership.
+	ExtraFiles []*os.File
 }
 
 // Info is what a driver knows of a running sandbox.

@@ -10,6 +10,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -353,6 +354,18 @@ func (m *Manager) bootFrom(ctx context.Context, id string, tpl template.Template
 	if tpl.CodeInterpreter && m.cfg.InterpPath != "" {
 		spec.Mounts = append(spec.Mounts, runtime.Mount{Source: m.cfg.InterpPath, Target: agentwire.InterpPath, ReadOnly: true})
 	}
+	if !from.withMemory() {
+		// nook listens on the agent's socket before the agent runs and
+		// hands it over: the first request waits in its backlog instead
+		// of polling until the agent has bound it.
+		ln, err := listenAgentSocket(m.socketPath(id))
+		if err != nil {
+			return booted{}, fmt.Errorf("agent socket: %w", err)
+		}
+		defer ln.Close() // PID 1 holds its own copy
+		spec.ExtraFiles = []*os.File{ln}
+		spec.Args = append([]string{spec.Args[0], "--" + agentwire.ListenFDFlag, "3"}, spec.Args[1:]...)
+	}
 	t0 := time.Now()
 	if m.cfg.Network != nil {
 		ns, err := m.cfg.Network.Setup(ctx, id, netCfg)
@@ -633,4 +646,25 @@ func (m *Manager) adopt(ctx context.Context, rec Sandbox) bool {
 	m.mu.Unlock()
 	m.cfg.Log.Info("re-adopted sandbox", "id", rec.ID)
 	return true
+}
+
+// listenAgentSocket listens on the agent's socket path (replacing whatever
+// is there: the run dir of a resumed sandbox was writable by it) and
+// returns the listening socket as a file, to be passed to PID 1.
+func listenAgentSocket(path string) (*os.File, error) {
+	if err := os.Remove(path); err != nil && !os.IsNotExist(err) {
+		return nil, err
+	}
+	l, err := net.ListenUnix("unix", &net.UnixAddr{Name: path, Net: "unix"})
+	if err != nil {
+		return nil, err
+	}
+	l.SetUnlinkOnClose(false)
+	f, err := l.File()
+	l.Close()
+	if err != nil {
+		os.Remove(path)
+		return nil, err
+	}
+	return f, nil
 }

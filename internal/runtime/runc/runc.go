@@ -127,7 +127,8 @@ func (d *Driver) Start(ctx context.Context, s runtime.Spec) (err error) {
 		// the keyring syscalls anyway, and one keyring per sandbox (all of
 		// one host uid) exhausts the kernel's per-user key quota at about
 		// 180 sandboxes.
-		"run", "--detach", "--no-new-keyring", "--bundle", dir, s.ID)
+		"run", "--detach", "--no-new-keyring", "--preserve-fds", strconv.Itoa(len(s.ExtraFiles)), "--bundle", dir, s.ID)
+	cmd.ExtraFiles = s.ExtraFiles
 	// PID 1 inherits these files; they must be real files, not pipes that
 	// os/exec would wait on.
 	cmd.Stdout, cmd.Stderr = logf, logf
