@@ -32,7 +32,14 @@ type fakeRuntime struct {
 }
 
 func (f *fakeRuntime) Start(_ context.Context, s runtime.Spec) error {
-	ln, err := net.Listen("unix", filepath.Join(f.runDir, s.ID, "agent.sock"))
+	// Serve on the listener nook passes to PID 1, as the agent does.
+	var ln net.Listener
+	var err error
+	if len(s.ExtraFiles) > 0 {
+		ln, err = net.FileListener(s.ExtraFiles[0])
+	} else {
+		ln, err = net.Listen("unix", filepath.Join(f.runDir, s.ID, "agent.sock"))
+	}
 	if err != nil {
 		return err
 	}
