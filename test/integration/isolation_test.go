@@ -259,6 +259,25 @@ for name, nr, args in [("init_module", 175, (0, 0, 0)), ("delete_module", 176, (
 		}
 	})
 
+	t.Run("AgentSocketIsNotReachableFromInside", func(t *testing.T) {
+		// nook's side of the agent (/init sets the access token) is a
+		// socket owned by the host's root: the sandbox's root may see it
+		// but not connect to it.
+		script := `import socket
+s = socket.socket(socket.AF_UNIX)
+try:
+    s.connect("/.nook/run/agent.sock")
+    s.sendall(b"GET /health HTTP/1.0\r\n\r\n")
+    print("CONNECTED", s.recv(100))
+except OSError as e:
+    print("refused", e)
+`
+		out := mustRun(t, a, "root", "python3 -c "+shellQuote(script))
+		if !strings.Contains(out, "refused") {
+			t.Errorf("SECURITY: sandbox %s's root reached the agent's socket: %s", a, out)
+		}
+	})
+
 	t.Run("LegacySyscallABIIsRefused", func(t *testing.T) {
 		// The 32-bit system call ABI (int 0x80) reaches a second syscall
 		// table; the seccomp filter admits only the native one. The
