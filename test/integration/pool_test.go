@@ -80,6 +80,15 @@ func TestPooledSandboxIsLikeACold(t *testing.T) {
 	if out := mustRun(t, id, "root", "find /tmp /home/user -newer /etc/hostname -mindepth 1 2>/dev/null | head; ls -A /tmp"); strings.TrimSpace(out) != "" {
 		t.Errorf("a pooled sandbox holds files from before its claim:\n%s", out)
 	}
+	// The pool's warm-up command (bash -l -c true) has ended: only PID 1
+	// and this command run.
+	for _, line := range strings.Split(strings.TrimSpace(mustRun(t, id, "root", "ps -e -o comm=")), "\n") {
+		switch strings.TrimSpace(line) {
+		case "nook-agent", "bash", "ps":
+		default:
+			t.Errorf("a pooled sandbox runs %q from before its claim", line)
+		}
+	}
 	// Its token is its own: another sandbox's token is refused.
 	other := createSandbox(t)
 	resp := do(t, "GET", proxyURL+"/envs", nil, map[string]string{
