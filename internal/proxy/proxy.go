@@ -16,6 +16,7 @@ import (
 	"net/http/httputil"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/nookhq/nook/internal/agentclient"
 	"github.com/nookhq/nook/internal/agentwire"
@@ -38,6 +39,7 @@ type ctxKey struct{}
 
 type target struct {
 	agent *agentclient.Client
+	id    string
 	port  int
 }
 
@@ -118,15 +120,19 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if err := http.NewResponseController(w).EnableFullDuplex(); err != nil {
 		p.Log.Debug("full duplex unavailable", "err", err)
 	}
-	ctx := context.WithValue(r.Context(), ctxKey{}, target{agent: agent, port: port})
+	ctx := context.WithValue(r.Context(), ctxKey{}, target{agent: agent, id: id, port: port})
 	p.reverse().ServeHTTP(w, r.WithContext(ctx))
 }
 
 func (p *Proxy) reverse() *httputil.ReverseProxy {
 	return &httputil.ReverseProxy{
 		Rewrite: func(pr *httputil.ProxyRequest) {
+			t := pr.In.Context().Value(ctxKey{}).(target)
 			pr.Out.URL.Scheme = "http"
-			pr.Out.URL.Host = "sandbox"
+			// The tunnel transport keeps connections per URL host: one
+			// name per sandbox and port, so a connection is only ever
+			// reused for the sandbox port it was dialled to.
+			pr.Out.URL.Host = t.id + "-" + strconv.Itoa(t.port)
 			pr.Out.Host = pr.In.Host
 			pr.Out.Header.Del("E2b-Sandbox-Id")
 			pr.Out.Header.Del("E2b-Sandbox-Port")
@@ -159,10 +165,16 @@ func (roundTripper) RoundTrip(r *http.Request) (*http.Response, error) {
 	return tunnelTransport.RoundTrip(r)
 }
 
+// tunnelTransport reaches other ports through the agent's CONNECT tunnel
+// and keeps idle tunnels for reuse (a new one costs a socket connect, the
+// CONNECT exchange and a TCP connect inside the sandbox). Requests are
+// keyed by URL host "{id}-{port}" (see reverse), never shared between
+// sandboxes or ports.
 var tunnelTransport = &http.Transport{
 	DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
 		t := ctx.Value(ctxKey{}).(target)
 		return t.agent.DialPort(ctx, t.port)
 	},
-	DisableKeepAlives: true,
+	MaxIdleConnsPerHost: 8,
+	IdleConnTimeout:     30 * time.Second,
 }
