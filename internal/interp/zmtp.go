@@ -116,22 +116,19 @@ func writeProp(b *bytes.Buffer, name, value string) {
 
 // writeFrame writes one frame; callers hold wmu or are in the handshake.
 func (z *zsock) writeFrame(flags byte, data []byte) error {
-	var hdr [9]byte
-	n := 2
-	if len(data) > 255 {
-		flags |= flagLong
-		hdr[0] = flags
-		binary.BigEndian.PutUint64(hdr[1:], uint64(len(data)))
-		n = 9
-	} else {
-		hdr[0] = flags
-		hdr[1] = byte(len(data))
-	}
-	if _, err := z.conn.Write(hdr[:n]); err != nil {
-		return err
-	}
-	_, err := z.conn.Write(data)
+	_, err := z.conn.Write(appendFrame(nil, flags, data))
 	return err
+}
+
+// appendFrame appends one frame (header and body) to b.
+func appendFrame(b []byte, flags byte, data []byte) []byte {
+	if len(data) > 255 {
+		b = append(b, flags|flagLong)
+		b = binary.BigEndian.AppendUint64(b, uint64(len(data)))
+	} else {
+		b = append(b, flags, byte(len(data)))
+	}
+	return append(b, data...)
 }
 
 func (z *zsock) readFrame() (byte, []byte, error) {
@@ -163,20 +160,25 @@ func (z *zsock) readFrame() (byte, []byte, error) {
 	return flags, data, nil
 }
 
-// Send writes a multipart message.
+// Send writes a multipart message, in one write (one segment on loopback,
+// so the peer's I/O thread wakes once per message, not twice per frame).
 func (z *zsock) Send(parts [][]byte) error {
-	z.wmu.Lock()
-	defer z.wmu.Unlock()
+	n := 0
+	for _, p := range parts {
+		n += 9 + len(p)
+	}
+	b := make([]byte, 0, n)
 	for i, p := range parts {
 		var f byte
 		if i < len(parts)-1 {
 			f = flagMore
 		}
-		if err := z.writeFrame(f, p); err != nil {
-			return err
-		}
+		b = appendFrame(b, f, p)
 	}
-	return nil
+	z.wmu.Lock()
+	defer z.wmu.Unlock()
+	_, err := z.conn.Write(b)
+	return err
 }
 
 // Recv reads the next multipart message, skipping commands (PING etc.).
