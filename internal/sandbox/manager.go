@@ -362,7 +362,10 @@ func (m *Manager) bootFrom(ctx context.Context, id string, tpl template.Template
 		if err != nil {
 			return booted{}, fmt.Errorf("agent socket: %w", err)
 		}
-		defer ln.Close() // PID 1 holds its own copy
+		// Closed once PID 1 has its own copy; before WaitReady, so that
+		// with a driver that passes no files nobody waits on a socket
+		// no one will accept on (the agent then listens itself).
+		defer ln.Close()
 		spec.ExtraFiles = []*os.File{ln}
 		spec.Args = append([]string{spec.Args[0], "--" + agentwire.ListenFDFlag, "3"}, spec.Args[1:]...)
 	}
@@ -378,7 +381,11 @@ func (m *Manager) bootFrom(ctx context.Context, id string, tpl template.Template
 	}
 	spec.Runtime = tpl.Runtime
 	tNet := time.Now()
-	if err := m.startSpec(ctx, spec, from); err != nil {
+	err = m.startSpec(ctx, spec, from)
+	for _, f := range spec.ExtraFiles {
+		f.Close()
+	}
+	if err != nil {
 		return booted{}, fmt.Errorf("start sandbox: %w", err)
 	}
 	tRuntime := time.Now()
