@@ -13,7 +13,7 @@ import (
 // dockerProfile is Docker's default profile for Docker's default
 // capabilities (no CAP_SYS_ADMIN), native ABI only, as nook's runc driver
 // uses it.
-func dockerProfile(t *testing.T) *specs.LinuxSeccomp {
+func dockerProfile(t testing.TB) *specs.LinuxSeccomp {
 	t.Helper()
 	caps := []string{"CAP_CHOWN", "CAP_DAC_OVERRIDE", "CAP_FSETID", "CAP_FOWNER", "CAP_MKNOD",
 		"CAP_SETGID", "CAP_SETUID", "CAP_SETFCAP", "CAP_SETPCAP", "CAP_NET_BIND_SERVICE",
@@ -178,4 +178,19 @@ func TestMarshalRoundTrip(t *testing.T) {
 		t.Fatalf("%d bytes for %d instructions", len(b), len(raw))
 	}
 	t.Logf("Docker's default profile: %d instructions", len(raw))
+}
+
+// BenchmarkCompileDockerProfile: what nook serve pays once per start (and
+// runc, with libseccomp, paid per sandbox start).
+func BenchmarkCompileDockerProfile(b *testing.B) {
+	p := dockerProfile(b)
+	for b.Loop() {
+		prog, err := Compile(p)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if _, err := Marshal(prog); err != nil {
+			b.Fatal(err)
+		}
+	}
 }
