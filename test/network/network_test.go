@@ -390,3 +390,38 @@ func TestExposedPortThroughProxy(t *testing.T) {
 		t.Fatalf("closed port: %d after %s", code, time.Since(start))
 	}
 }
+
+// TestSpareNamespacesServeOneSandboxEach: the namespaces nook makes ahead
+// of time are each given to one sandbox only, and are refilled.
+func TestSpareNamespacesServeOneSandboxEach(t *testing.T) {
+	spares := func() []string {
+		entries, _ := os.ReadDir(filepath.Join(dataDir, "network", "netns"))
+		var out []string
+		for _, e := range entries {
+			if strings.HasPrefix(e.Name(), "spare-") {
+				out = append(out, e.Name())
+			}
+		}
+		return out
+	}
+	seen := map[string]string{}
+	for i := 0; i < 6; i++ { // more than the spares kept
+		id := create(t, nil)
+		ns, code := run(t, id, "readlink /proc/self/ns/net")
+		if code != 0 {
+			t.Fatalf("readlink: %s", ns)
+		}
+		ns = strings.TrimSpace(ns)
+		if other, ok := seen[ns]; ok {
+			t.Fatalf("SECURITY: sandboxes %s and %s share network namespace %s", other, id, ns)
+		}
+		seen[ns] = id
+		wantOK(t, id, "http://allowed.test/", "hello")
+	}
+	for i := 0; i < 100 && len(spares()) < 4; i++ {
+		time.Sleep(50 * time.Millisecond)
+	}
+	if n := len(spares()); n != 4 {
+		t.Errorf("%d spare namespaces after the refill, want 4", n)
+	}
+}
