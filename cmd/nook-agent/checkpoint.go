@@ -31,7 +31,8 @@ const (
 // reopening the socket on sigCheckpoint / sigRestored. It starts on
 // listenFD when that is a socket listening there already (nook made it, so
 // its first requests wait in the backlog instead of polling for the agent).
-func serveCheckpointable(ctx context.Context, srv *agent.Server, socket string, listenFD int) error {
+// serving is called once, when the agent first serves.
+func serveCheckpointable(ctx context.Context, srv *agent.Server, socket string, listenFD int, serving func()) error {
 	sigs := make(chan os.Signal, 4)
 	signal.Notify(sigs, sigCheckpoint, sigRestored)
 	for {
@@ -49,6 +50,10 @@ func serveCheckpointable(ctx context.Context, srv *agent.Server, socket string, 
 		hs := &http.Server{Handler: srv, ReadHeaderTimeout: 30 * time.Second, ConnState: conns.track}
 		errc := make(chan error, 1)
 		go func() { errc <- hs.Serve(ln) }()
+		if serving != nil {
+			serving()
+			serving = nil
+		}
 	wait:
 		for {
 			select {

@@ -42,7 +42,6 @@ func main() {
 		level = slog.LevelDebug
 	}
 	slog.SetDefault(slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level})))
-	go warmThreads(16)
 
 	sigs := make(chan os.Signal, 4)
 	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT)
@@ -116,7 +115,10 @@ func main() {
 	}()
 
 	slog.Info("nook-agent listening", "socket", *socket, "version", agentwire.EnvdVersion)
-	if err := serveCheckpointable(ctx, srv, *socket, *listenFD); err != nil { // checkpoint.go
+	// The threads are made once the agent serves: nook's first request
+	// is already waiting, and making 16 threads on two cores delays it.
+	serving := func() { go warmThreads(16) }
+	if err := serveCheckpointable(ctx, srv, *socket, *listenFD, serving); err != nil { // checkpoint.go
 		slog.Error("serve", "err", err)
 		os.Exit(1)
 	}
