@@ -236,7 +236,7 @@ func serve(ctx context.Context, o serveOptions) error {
 	sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	// Warm sandboxes belong to this run only: a next start refills anyway.
-	mgr.DrainPool(context.Background(), "")
+	mgr.StopPool(context.Background())
 	apiSrv.Shutdown(sctx)
 	proxySrv.Shutdown(sctx)
 	if errors.Is(err, http.ErrServerClosed) {

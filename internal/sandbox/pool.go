@@ -25,6 +25,12 @@ type pool struct {
 	mu      sync.Mutex
 	warm    map[string][]booted // guarded by mu; template id -> ready sandboxes
 	filling map[string]bool     // guarded by mu; template ids being refilled
+	// epoch counts drains (guarded by mu): a boot that began before a
+	// drain kills its sandbox instead of pooling it (its template may have
+	// changed, or nook is stopping). stopped: no more refills.
+	epoch   int
+	stopped bool
+	fills   sync.WaitGroup // refill goroutines
 }
 
 func newPool(m *Manager, defaultSize int) *pool {
@@ -60,13 +66,15 @@ func (p *pool) claim(tpl template.Template, o CreateOptions) (booted, bool) {
 // is full, unless that is already under way.
 func (p *pool) refill(tplID string) {
 	p.mu.Lock()
-	if p.filling[tplID] {
+	if p.filling[tplID] || p.stopped {
 		p.mu.Unlock()
 		return
 	}
 	p.filling[tplID] = true
+	p.fills.Add(1)
 	p.mu.Unlock()
 	go func() {
+		defer p.fills.Done()
 		defer func() {
 			p.mu.Lock()
 			delete(p.filling, tplID)
@@ -78,9 +86,9 @@ func (p *pool) refill(tplID string) {
 				return
 			}
 			p.mu.Lock()
-			n := len(p.warm[tplID])
+			n, epoch, stopped := len(p.warm[tplID]), p.epoch, p.stopped
 			p.mu.Unlock()
-			if n >= p.size(tpl) {
+			if n >= p.size(tpl) || stopped {
 				return
 			}
 			p.waitIdle()
@@ -92,6 +100,14 @@ func (p *pool) refill(tplID string) {
 			}
 			warmUp(b)
 			p.mu.Lock()
+			if p.epoch != epoch {
+				p.mu.Unlock()
+				b.agent.HTTP.CloseIdleConnections()
+				if err := p.m.cleanup(context.Background(), b.id); err != nil {
+					p.m.cfg.Log.Error("warm pool: cleanup", "id", b.id, "err", err)
+				}
+				continue // drained meanwhile: check again from the top
+			}
 			p.warm[tplID] = append(p.warm[tplID], b)
 			p.mu.Unlock()
 		}
@@ -121,6 +137,7 @@ func (p *pool) waitIdle() {
 // tplID is empty).
 func (p *pool) drain(ctx context.Context, tplID string) {
 	p.mu.Lock()
+	p.epoch++
 	var victims []booted
 	for id, list := range p.warm {
 		if tplID == "" || id == tplID {
@@ -152,9 +169,20 @@ func (m *Manager) WarmPools() error {
 }
 
 // DrainPool kills the warm sandboxes of a template (all templates when id
-// is empty), e.g. before the template is deleted or changed.
+// is empty), e.g. before the template is deleted or changed; a sandbox
+// booting for the pool meanwhile is killed when it is up.
 func (m *Manager) DrainPool(ctx context.Context, templateID string) {
 	m.pool.drain(ctx, templateID)
+}
+
+// StopPool ends refilling and kills every warm sandbox, including those
+// booting now (it waits for them), before nook serve stops.
+func (m *Manager) StopPool(ctx context.Context) {
+	m.pool.mu.Lock()
+	m.pool.stopped = true
+	m.pool.mu.Unlock()
+	m.pool.drain(ctx, "")
+	m.pool.fills.Wait()
 }
 
 // PoolSizes reports how many warm sandboxes each template has now.

@@ -29,9 +29,19 @@ type fakeRuntime struct {
 	servers map[string]*http.Server
 	inits   map[string][]agentclient.InitRequest
 	starts  int
+	// gate, when set, holds every Start until it is closed (started is
+	// told first).
+	gate, started chan struct{}
 }
 
 func (f *fakeRuntime) Start(_ context.Context, s runtime.Spec) error {
+	f.mu.Lock()
+	gate, started := f.gate, f.started
+	f.mu.Unlock()
+	if gate != nil {
+		started <- struct{}{}
+		<-gate
+	}
 	// Serve on the listener nook passes to PID 1, as the agent does.
 	var ln net.Listener
 	var err error
@@ -204,5 +214,44 @@ func TestNoPoolAndDisabledPoolBootNew(t *testing.T) {
 	_, err := m.Create(context.Background(), CreateOptions{Template: "nope"})
 	if err == nil || errors.Is(err, context.Canceled) {
 		t.Fatalf("unknown template: got %v", err)
+	}
+}
+
+// A sandbox that was booting for the pool when nook stopped is killed,
+// not pooled (nothing of it may outlive the stop).
+func TestStopPoolKillsABootInFlight(t *testing.T) {
+	m, rt := newTestManager(t, 1)
+	rt.mu.Lock()
+	rt.gate, rt.started = make(chan struct{}), make(chan struct{}, 1)
+	rt.mu.Unlock()
+	m.WarmPools()
+	<-rt.started // the refill's boot is in runtime.Start
+	stopped := make(chan struct{})
+	go func() {
+		m.StopPool(context.Background())
+		close(stopped)
+	}()
+	select {
+	case <-stopped:
+		t.Fatal("StopPool returned while a pool boot was still in flight")
+	case <-time.After(100 * time.Millisecond):
+	}
+	close(rt.gate)
+	<-stopped
+	if n := m.PoolSizes()["base"]; n != 0 {
+		t.Errorf("%d warm sandboxes after StopPool, want 0", n)
+	}
+	rt.mu.Lock()
+	running := len(rt.servers)
+	rt.mu.Unlock()
+	if running != 0 {
+		t.Errorf("%d sandboxes still running after StopPool, want 0", running)
+	}
+	m.WarmPools() // refills no more
+	time.Sleep(50 * time.Millisecond)
+	rt.mu.Lock()
+	defer rt.mu.Unlock()
+	if rt.starts != 1 {
+		t.Errorf("%d boots, want only the one in flight", rt.starts)
 	}
 }
