@@ -134,93 +134,16 @@ def __nook_setup():
 
 
 # Per-cell overhead of ipykernel that nook-interp does not need (it ends a
-# cell on the idle status, which follows every output on iopub). Measured on
-# `1+1` on a 2-core VM: about 4 of the 7 ms a warm cell took end to end.
+# cell on the idle status, which follows every output on iopub). Output
+# flushing is left as ipykernel does it: output written to fd 1 and 2
+# directly must arrive with its cell.
 def __nook_fast_path(ip):
-    import fcntl
     import logging
-    import os
-    import struct
-    import sys
-    import termios
-    import threading
-    import time
 
     import ipykernel.ipkernel
     import ipykernel.kernelbase
-    from ipykernel.iostream import OutStream
 
     kernel = ip.kernel
-
-    # A cell ends with six flushes of stdout/stderr (the displayhook's,
-    # execute_request's, dispatch_shell's), each a round trip to the iopub
-    # thread even with nothing to send. A flush returns at once when there
-    # is nothing to send: nothing buffered, pending or being sent, and
-    # nothing on its way from fd 1 or 2 (os.system, C code), whose pipe is
-    # empty and whose reader thread is blocked reading it (not holding bytes
-    # it read but has not buffered yet). Otherwise it flushes as before,
-    # after giving that reader up to 5 ms per cell to catch up (ipykernel
-    # does not wait for it: its output came late when that thread was not
-    # scheduled in time).
-    inflight_lock = threading.Lock()
-    orig_flush, orig__flush = OutStream.flush, OutStream._flush
-    budget = {"wait": 0.0}
-    ip.events.register("pre_execute", lambda: budget.update(wait=0.005))
-
-    def _flush(self):
-        with inflight_lock:
-            self._nook_inflight = getattr(self, "_nook_inflight", 0) + 1
-        try:
-            orig__flush(self)
-        finally:
-            with inflight_lock:
-                self._nook_inflight -= 1
-
-    def _fd_idle(self):
-        """True: nothing on its way from the fd; False: something is;
-        None: unknown."""
-        fid = getattr(self, "_fid", None)  # the pipe fd 1 or 2 writes into
-        if fid is None or not getattr(self, "_should_watch", False):
-            return True
-        try:
-            if struct.unpack("i", fcntl.ioctl(fid, termios.FIONREAD, b"\0\0\0\0"))[0]:
-                return False
-            sysfd = getattr(self, "_nook_sysfd", None)
-            if sysfd is None:
-                tid = self.watch_fd_thread.native_id
-                sysfd = self._nook_sysfd = os.open("/proc/self/task/%d/syscall" % tid, os.O_RDONLY | os.O_CLOEXEC)
-            call = os.pread(sysfd, 64, 0).split()
-            # "0 0x<fd> ...": blocked in read(2) of the pipe.
-            return len(call) > 1 and call[0] == b"0" and int(call[1], 16) == fid
-        except Exception:
-            return None
-
-    def flush(self):
-        if self.pub_thread is not None and os.getpid() == self._master_pid:
-            # In this order: the pipe and its reader first (what they held
-            # is in the buffer once the reader is back in read), then the
-            # buffer, then the in-flight count (a _flush that took the
-            # buffer is counted until its message is queued).
-            fd = _fd_idle(self)
-            while fd is False and budget["wait"] > 0:
-                t = time.monotonic()
-                time.sleep(0.0001)
-                budget["wait"] -= time.monotonic() - t
-                fd = _fd_idle(self)
-            if fd:
-                with self._buffer_lock:
-                    busy = self._flush_pending or self._subprocess_flush_pending or self._buffer.tell()
-                if not busy and not getattr(self, "_nook_inflight", 0):
-                    return
-        orig_flush(self)
-
-    # Only on the ipykernel whose internals this relies on (6.x).
-    if isinstance(sys.stdout, OutStream) and all(
-        hasattr(sys.stdout, a)
-        for a in ("_buffer", "_buffer_lock", "_flush_pending", "_subprocess_flush_pending", "_master_pid", "pub_thread")
-    ):
-        OutStream._flush = _flush
-        OutStream.flush = flush
 
     # A 0.5 ms sleep before every execute_reply, for clients that do not
     # wait for the idle status.
