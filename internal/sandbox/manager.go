@@ -354,21 +354,6 @@ func (m *Manager) bootFrom(ctx context.Context, id string, tpl template.Template
 	if tpl.CodeInterpreter && m.cfg.InterpPath != "" {
 		spec.Mounts = append(spec.Mounts, runtime.Mount{Source: m.cfg.InterpPath, Target: agentwire.InterpPath, ReadOnly: true})
 	}
-	if !from.withMemory() {
-		// nook listens on the agent's socket before the agent runs and
-		// hands it over: the first request waits in its backlog instead
-		// of polling until the agent has bound it.
-		ln, err := listenAgentSocket(m.socketPath(id))
-		if err != nil {
-			return booted{}, fmt.Errorf("agent socket: %w", err)
-		}
-		// Closed once PID 1 has its own copy; before WaitReady, so that
-		// with a driver that passes no files nobody waits on a socket
-		// no one will accept on (the agent then listens itself).
-		defer ln.Close()
-		spec.ExtraFiles = []*os.File{ln}
-		spec.Args = append([]string{spec.Args[0], "--" + agentwire.ListenFDFlag, "3"}, spec.Args[1:]...)
-	}
 	t0 := time.Now()
 	if m.cfg.Network != nil {
 		ns, err := m.cfg.Network.Setup(ctx, id, netCfg)
@@ -381,7 +366,21 @@ func (m *Manager) bootFrom(ctx context.Context, id string, tpl template.Template
 	}
 	spec.Runtime = tpl.Runtime
 	tNet := time.Now()
+	if !from.withMemory() {
+		// nook listens on the agent's socket before the agent runs and
+		// hands it over: the first request waits in its backlog instead
+		// of polling until the agent has bound it.
+		ln, err := listenAgentSocket(m.socketPath(id))
+		if err != nil {
+			return booted{}, fmt.Errorf("agent socket: %w", err)
+		}
+		spec.ExtraFiles = []*os.File{ln}
+		spec.Args = append([]string{spec.Args[0], "--" + agentwire.ListenFDFlag, "3"}, spec.Args[1:]...)
+	}
 	err = m.startSpec(ctx, spec, from)
+	// nook's copy goes once PID 1 has its own, before waiting for the
+	// agent: with a driver that passes no files (gVisor) nobody may wait
+	// on a socket no one will accept on (the agent listens itself then).
 	for _, f := range spec.ExtraFiles {
 		f.Close()
 	}

@@ -102,10 +102,7 @@ func (p *pool) refill(tplID string) {
 			p.mu.Lock()
 			if p.epoch != epoch {
 				p.mu.Unlock()
-				b.agent.HTTP.CloseIdleConnections()
-				if err := p.m.cleanup(context.Background(), b.id); err != nil {
-					p.m.cfg.Log.Error("warm pool: cleanup", "id", b.id, "err", err)
-				}
+				p.discard(context.Background(), b)
 				continue // drained meanwhile: check again from the top
 			}
 			p.warm[tplID] = append(p.warm[tplID], b)
@@ -147,10 +144,15 @@ func (p *pool) drain(ctx context.Context, tplID string) {
 	}
 	p.mu.Unlock()
 	for _, b := range victims {
-		b.agent.HTTP.CloseIdleConnections()
-		if err := p.m.cleanup(ctx, b.id); err != nil {
-			p.m.cfg.Log.Error("warm pool: cleanup", "id", b.id, "err", err)
-		}
+		p.discard(ctx, b)
+	}
+}
+
+// discard kills a warm (or just booted) sandbox.
+func (p *pool) discard(ctx context.Context, b booted) {
+	b.agent.HTTP.CloseIdleConnections()
+	if err := p.m.cleanup(ctx, b.id); err != nil {
+		p.m.cfg.Log.Error("warm pool: cleanup", "id", b.id, "err", err)
 	}
 }
 
