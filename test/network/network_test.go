@@ -425,3 +425,28 @@ func TestSpareNamespacesServeOneSandboxEach(t *testing.T) {
 		t.Errorf("%d spare namespaces after the refill, want 4", n)
 	}
 }
+
+// TestKeptTunnelsStayWithTheirSandbox: the proxy keeps idle tunnels to
+// sandbox ports; requests alternating between two sandboxes serving the
+// same port each reach their own sandbox, over kept connections too.
+func TestKeptTunnelsStayWithTheirSandbox(t *testing.T) {
+	ids := []string{create(t, nil), create(t, nil)}
+	for _, id := range ids {
+		run(t, id, "mkdir -p /tmp/www && echo "+id+" > /tmp/www/index.html && cd /tmp/www && (nohup python3 -m http.server 8100 >/dev/null 2>&1 &) ; sleep 1")
+	}
+	for i := 0; i < 20; i++ {
+		id := ids[i%2]
+		req, _ := http.NewRequest("GET", "http://"+proxyAddr+"/", nil)
+		req.Header.Set("E2b-Sandbox-Id", id)
+		req.Header.Set("E2b-Sandbox-Port", "8100")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != 200 || strings.TrimSpace(string(b)) != id {
+			t.Fatalf("SECURITY: request %d for sandbox %s answered %d %q", i, id, resp.StatusCode, b)
+		}
+	}
+}
